@@ -1,0 +1,1 @@
+"""Frozen dataclass presets: models, meshes, experiments."""

@@ -1,0 +1,1 @@
+"""Sampling, verification, decode loops and metrics."""

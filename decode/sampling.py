@@ -1,0 +1,71 @@
+"""Sampling settings and the logits -> probabilities transform shared by every decode path.
+
+Speculative verification must apply temperature, top-k and top-p identically to the target and
+the drafter, so both go through `probs` here. Temperature 0 means greedy, handled explicitly
+(dividing by zero would give inf and then NaN).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  temperature: float = 0.0  # 0 = greedy
+  top_k: int = 0  # 0 = off
+  top_p: float = 1.0  # 1 = off
+
+  def __post_init__(self):
+    if not math.isfinite(self.temperature) or self.temperature < 0:
+      raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+    if not (0 < self.top_p <= 1):
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0
+
+  def check_vocab(self, vocab_size: int) -> None:
+    if self.top_k > vocab_size:
+      raise ValueError(f"top_k={self.top_k} exceeds the vocabulary size {vocab_size}")
+
+
+def probs(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
+  """Sampling distribution [..., v] float32 after temperature, top-k and top-p.
+
+  Greedy gives the one-hot of the argmax, so exact-probability verification code can treat
+  greedy as a degenerate distribution.
+  """
+  logits = logits.astype(jnp.float32)
+  if cfg.greedy:
+    return jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
+  logits = logits / cfg.temperature
+  neg = jnp.finfo(jnp.float32).min
+  if cfg.top_k:
+    kth = jax.lax.top_k(logits, cfg.top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, neg, logits)
+  if cfg.top_p < 1:
+    # Keep the smallest prefix of the sorted distribution whose mass reaches top_p (the token
+    # that crosses the threshold stays in, as in Hugging Face's TopPLogitsWarper).
+    order = jnp.argsort(-logits, axis=-1)
+    sorted_p = jnp.take_along_axis(jax.nn.softmax(logits, -1), order, -1)
+    mass_before = jnp.cumsum(sorted_p, -1) - sorted_p
+    keep_sorted = mass_before < cfg.top_p
+    keep = jnp.zeros_like(keep_sorted).at[
+        tuple(jnp.indices(order.shape)[:-1]) + (order,)].set(keep_sorted)
+    logits = jnp.where(keep, logits, neg)
+  return jax.nn.softmax(logits, -1)
+
+
+def sample(key: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
+  """One token per row: logits [..., v] -> [...] int32."""
+  if cfg.greedy:
+    return jnp.argmax(logits, -1).astype(jnp.int32)
+  p = probs(logits, cfg)
+  return jax.random.categorical(key, jnp.log(p), axis=-1).astype(jnp.int32)

@@ -1,0 +1,1 @@
+"""Llama-family model, KV cache, checkpoint loaders and tokenizer."""
