@@ -134,7 +134,8 @@ class Llama(nn.Module):
   @nn.compact
   def __call__(self, tokens, ctx, kv, logits_at):
     c = self.config
-    embed = _param(self, "embed", nn.initializers.normal(1.0), (c.vocab_size, c.d_model),
+    # std 1/sqrt(d): tied logits come out ~N(0, 1) instead of echoing the input token.
+    embed = _param(self, "embed", nn.initializers.normal(c.d_model ** -0.5), (c.vocab_size, c.d_model),
                    ("vocab", "embed"))
     x = jnp.take(embed, tokens, axis=0).astype(jnp.dtype(c.dtype))  # [b, t, d]
     stack = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
@@ -155,7 +156,7 @@ class Llama(nn.Module):
 
 def init_params(config: LlamaConfig, key: jax.Array) -> Params:
   """Random params (plain arrays, boxes removed)."""
-  return nn.unbox(_init_boxed(config, key))
+  return jax.jit(lambda k: nn.unbox(_init_boxed(config, k)))(key)
 
 
 def param_axes(config: LlamaConfig):
@@ -207,3 +208,7 @@ def forward(params: Params, config: LlamaConfig, tokens: jax.Array, positions: j
       {"params": params}, tokens, (*rope_tables(config, positions), visible, mask), kv, logits_at)
   hidden = _select_hidden(config, hidden_layers, embedded, layer_out, final)
   return logits, hidden, (cache.append(k_new, v_new) if cache is not None else None)
+
+
+# Jitted forward for callers outside a jitted loop (tests, tools); static config and layers.
+forward_jit = jax.jit(forward, static_argnames=("config", "hidden_layers"))

@@ -1,0 +1,141 @@
+"""Autoregressive decoding: one jitted prefill, then one jitted `lax.while_loop` over tokens.
+
+The loop state is a `DecodeState` donated to the jitted loop, so the cache is updated in place
+and nothing returns to the host until every sequence is done.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs.meshes import MeshConfig, make_mesh
+from configs.models import LlamaConfig
+from decode.inputs import check_room, pack_prompts
+from decode.sampling import SamplingConfig, sample
+from models import llama, sharding
+from models.kvcache import KVCache
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateConfig:
+  max_new_tokens: int = 128
+  sampling: SamplingConfig = SamplingConfig()
+  eos_ids: tuple[int, ...] = ()
+  prompt_bucket: int = 64  # prompts are right-padded to a multiple: one compile per bucket
+
+  def __post_init__(self):
+    if self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+    if self.prompt_bucket < 1:
+      raise ValueError(f"prompt_bucket must be >= 1, got {self.prompt_bucket}")
+
+
+@flax.struct.dataclass
+class DecodeState:
+  cache: KVCache
+  out: jax.Array  # [b, n] generated ids, -1 past each sequence's end
+  n_out: jax.Array  # [b] int32 tokens emitted so far
+  last: jax.Array  # [b] int32 most recent token (next step's input)
+  done: jax.Array  # [b] bool
+  key: jax.Array
+  forwards: jax.Array  # [] int32 target forwards, prefill included
+
+
+@dataclasses.dataclass
+class GenerateOutput:
+  tokens: list[list[int]]  # new tokens per prompt, EOS included when hit
+  prefill_s: float
+  decode_s: float
+  forwards: int  # target forward passes, prefill included
+
+  @property
+  def new_tokens(self) -> int:
+    return sum(len(t) for t in self.tokens)
+
+  @property
+  def wall_s(self) -> float:
+    return self.prefill_s + self.decode_s
+
+  @property
+  def tokens_per_s(self) -> float:
+    return self.new_tokens / self.wall_s
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+def prefill(params, config: LlamaConfig, tokens, lengths, cache: KVCache):
+  """Runs the padded prompts [b, T]; returns last-position logits [b, v] and the cache.
+
+  Pad slots are written but the cache length is set to each prompt's true length, so they
+  are invisible and get overwritten by the first generated tokens.
+  """
+  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  logits, _, cache = llama.forward(params, config, tokens, positions, cache,
+                                   logits_at=(lengths - 1)[:, None])
+  return logits[:, 0], cache.with_lengths(lengths)
+
+
+def emit(state: DecodeState, tok: jax.Array, eos_ids: tuple[int, ...]) -> DecodeState:
+  """Appends tok [b] to every unfinished sequence and updates the stop flags."""
+  b, n = state.out.shape
+  active = ~state.done
+  slot = jnp.where(active, state.n_out, n)  # finished rows write out of bounds: dropped
+  out = state.out.at[jnp.arange(b), slot].set(tok, mode="drop")
+  n_out = state.n_out + active
+  hit_eos = jnp.isin(tok, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros_like(active)
+  done = state.done | (active & hit_eos) | (n_out >= n)
+  return state.replace(out=out, n_out=n_out, last=jnp.where(active, tok, state.last), done=done)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "gen"), donate_argnames=("state",))
+def decode_loop(params, config: LlamaConfig, gen: GenerateConfig, state: DecodeState):
+  def step(s: DecodeState) -> DecodeState:
+    key, sub = jax.random.split(s.key)
+    logits, _, cache = llama.forward(params, config, s.last[:, None], s.cache.lengths[:, None],
+                                     s.cache)
+    s = s.replace(cache=cache, key=key, forwards=s.forwards + 1)
+    return emit(s, sample(sub, logits[:, 0], gen.sampling), gen.eos_ids)
+
+  return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
+
+
+def generate(params, config: LlamaConfig, prompts, gen: GenerateConfig = GenerateConfig(),
+             key: jax.Array | None = None, mesh: MeshConfig | None = None) -> GenerateOutput:
+  """Generates up to gen.max_new_tokens for each prompt (lists of token ids), batched.
+
+  Greedy output of each prompt is the same whatever else is in the batch. With `mesh`, params,
+  cache and batch are placed by the logical-axis rules and the same jitted code runs sharded.
+  """
+  gen.sampling.check_vocab(config.vocab_size)
+  tokens, lengths = pack_prompts(prompts, config.vocab_size, gen.prompt_bucket)
+  check_room(int(lengths.max()), gen.max_new_tokens, config.max_seq_len)
+  b, n = len(lengths), gen.max_new_tokens
+  cache = KVCache.init(config, b, tokens.shape[1] + n)
+  key = jax.random.key(0) if key is None else key
+  tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
+  if mesh is not None:
+    m = make_mesh(mesh)
+    params = sharding.shard_params(params, config, m, mesh.rules)
+    cache = sharding.shard_cache(cache, m, mesh.rules)
+    tokens = jax.device_put(tokens, sharding.batch_sharding(m, mesh.rules, 2))
+    lengths = jax.device_put(lengths, sharding.batch_sharding(m, mesh.rules, 1))
+
+  t0 = time.perf_counter()
+  logits, cache = prefill(params, config, tokens, lengths, cache)
+  key, sub = jax.random.split(key)
+  state = DecodeState(cache=cache, out=jnp.full((b, n), -1, jnp.int32),
+                      n_out=jnp.zeros((b,), jnp.int32), last=jnp.zeros((b,), jnp.int32),
+                      done=jnp.zeros((b,), bool), key=key, forwards=jnp.ones((), jnp.int32))
+  state = emit(state, sample(sub, logits, gen.sampling), gen.eos_ids)
+  jax.block_until_ready(state)
+  t1 = time.perf_counter()
+  state = jax.block_until_ready(decode_loop(params, config, gen, state))
+  t2 = time.perf_counter()
+  out, n_out = np.asarray(state.out), np.asarray(state.n_out)
+  return GenerateOutput(tokens=[out[i, :n_out[i]].tolist() for i in range(b)], prefill_s=t1 - t0,
+                        decode_s=t2 - t1, forwards=int(state.forwards))

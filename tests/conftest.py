@@ -1,0 +1,22 @@
+"""Tests run on CPU with 8 fake devices so mesh code is exercised without accelerators."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+import pytest  # noqa: E402
+
+from configs.models import get_preset  # noqa: E402
+from models import llama  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny():
+  """(config, params) of the tiny tied-embedding test model."""
+  cfg = get_preset("tiny")
+  return cfg, llama.init_params(cfg, jax.random.key(0))
