@@ -17,6 +17,7 @@ import numpy as np
 from configs.meshes import MeshConfig, make_mesh
 from configs.models import LlamaConfig
 from decode.inputs import check_room, pack_prompts
+from decode.metrics import DecodeOutput
 from decode.sampling import SamplingConfig, sample
 from models import llama, sharding
 from models.kvcache import KVCache
@@ -45,26 +46,6 @@ class DecodeState:
   done: jax.Array  # [b] bool
   key: jax.Array
   forwards: jax.Array  # [] int32 target forwards, prefill included
-
-
-@dataclasses.dataclass
-class GenerateOutput:
-  tokens: list[list[int]]  # new tokens per prompt, EOS included when hit
-  prefill_s: float
-  decode_s: float
-  forwards: int  # target forward passes, prefill included
-
-  @property
-  def new_tokens(self) -> int:
-    return sum(len(t) for t in self.tokens)
-
-  @property
-  def wall_s(self) -> float:
-    return self.prefill_s + self.decode_s
-
-  @property
-  def tokens_per_s(self) -> float:
-    return self.new_tokens / self.wall_s
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
@@ -104,38 +85,64 @@ def decode_loop(params, config: LlamaConfig, gen: GenerateConfig, state: DecodeS
   return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
 
 
+def place(params, config: LlamaConfig, cache: KVCache, tokens, lengths, mesh: MeshConfig | None):
+  """Puts params, cache and the batch on the mesh (if any) and unstacks the layers.
+
+  Decoding runs the layers as an unrolled loop over per-layer buffers (see
+  `llama.unstack_layers`); params already unstacked are used as they are.
+  """
+  tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
+  stacked = not isinstance(params["layers"], tuple)
+  if mesh is not None:
+    m = make_mesh(mesh)
+    if stacked:
+      params = sharding.shard_params(params, config, m, mesh.rules)
+    cache = sharding.shard_cache(cache, m, mesh.rules)
+    tokens = jax.device_put(tokens, sharding.batch_sharding(m, mesh.rules, 2))
+    lengths = jax.device_put(lengths, sharding.batch_sharding(m, mesh.rules, 1))
+  return (llama.unstack_layers(params) if stacked else params), cache, tokens, lengths
+
+
+def _initial_state(cache, logits, key, gen: GenerateConfig, done) -> DecodeState:
+  b, n = logits.shape[0], gen.max_new_tokens
+  key, sub = jax.random.split(key)
+  state = DecodeState(cache=cache, out=jnp.full((b, n), -1, jnp.int32),
+                      n_out=jnp.zeros((b,), jnp.int32), last=jnp.zeros((b,), jnp.int32),
+                      done=done, key=key, forwards=jnp.ones((), jnp.int32))
+  return emit(state, sample(sub, logits, gen.sampling), gen.eos_ids)
+
+
 def generate(params, config: LlamaConfig, prompts, gen: GenerateConfig = GenerateConfig(),
-             key: jax.Array | None = None, mesh: MeshConfig | None = None) -> GenerateOutput:
+             key: jax.Array | None = None, mesh: MeshConfig | None = None,
+             warmup: bool = False) -> DecodeOutput:
   """Generates up to gen.max_new_tokens for each prompt (lists of token ids), batched.
 
   Greedy output of each prompt is the same whatever else is in the batch. With `mesh`, params,
   cache and batch are placed by the logical-axis rules and the same jitted code runs sharded.
+  warmup: compile prefill and the loop first (the loop runs zero steps), timed as compile_s,
+  so prefill_s, decode_s and tokens_per_s measure only the run itself.
   """
   gen.sampling.check_vocab(config.vocab_size)
   tokens, lengths = pack_prompts(prompts, config.vocab_size, gen.prompt_bucket)
   check_room(int(lengths.max()), gen.max_new_tokens, config.max_seq_len)
   b, n = len(lengths), gen.max_new_tokens
-  cache = KVCache.init(config, b, tokens.shape[1] + n)
   key = jax.random.key(0) if key is None else key
-  tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
-  if mesh is not None:
-    m = make_mesh(mesh)
-    params = sharding.shard_params(params, config, m, mesh.rules)
-    cache = sharding.shard_cache(cache, m, mesh.rules)
-    tokens = jax.device_put(tokens, sharding.batch_sharding(m, mesh.rules, 2))
-    lengths = jax.device_put(lengths, sharding.batch_sharding(m, mesh.rules, 1))
+  params, cache, tokens, lengths = place(params, config, KVCache.init(
+      config, b, tokens.shape[1] + n, per_layer=True), tokens, lengths, mesh)
 
+  compile_s = 0.0
+  if warmup:
+    t = time.perf_counter()
+    logits, spare = prefill(params, config, tokens, lengths, jax.tree.map(jnp.copy, cache))
+    idle = _initial_state(spare, logits, key, gen, done=jnp.ones((b,), bool))
+    jax.block_until_ready(decode_loop(params, config, gen, idle))
+    compile_s = time.perf_counter() - t
   t0 = time.perf_counter()
   logits, cache = prefill(params, config, tokens, lengths, cache)
-  key, sub = jax.random.split(key)
-  state = DecodeState(cache=cache, out=jnp.full((b, n), -1, jnp.int32),
-                      n_out=jnp.zeros((b,), jnp.int32), last=jnp.zeros((b,), jnp.int32),
-                      done=jnp.zeros((b,), bool), key=key, forwards=jnp.ones((), jnp.int32))
-  state = emit(state, sample(sub, logits, gen.sampling), gen.eos_ids)
-  jax.block_until_ready(state)
+  state = jax.block_until_ready(_initial_state(cache, logits, key, gen, jnp.zeros((b,), bool)))
   t1 = time.perf_counter()
   state = jax.block_until_ready(decode_loop(params, config, gen, state))
   t2 = time.perf_counter()
   out, n_out = np.asarray(state.out), np.asarray(state.n_out)
-  return GenerateOutput(tokens=[out[i, :n_out[i]].tolist() for i in range(b)], prefill_s=t1 - t0,
-                        decode_s=t2 - t1, forwards=int(state.forwards))
+  return DecodeOutput(tokens=[out[i, :n_out[i]].tolist() for i in range(b)], prefill_s=t1 - t0,
+                        decode_s=t2 - t1, forwards=int(state.forwards), compile_s=compile_s)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs.models import LlamaConfig
+from models import kvcache
 from models.kvcache import KVCache
 
 Params = dict
@@ -61,28 +62,19 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
   return scale * x32.astype(x.dtype)
 
 
-def attention(q, k_new, v_new, k_cache, v_cache, cache_visible, new_mask):
-  """Attention of a new block over the cached prefix plus the block itself.
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+  """q [b, t, h, q]; k, v [b, k, s, q]; mask [b, t, s] bool -> [b, t, h, q].
 
-  q [b, t, h, q]; k_new/v_new [b, u, k, q] with u == t; k_cache/v_cache [b, s, k, q] or None;
-  cache_visible [b, s] bool; new_mask [b, t, u] bool (causal, or a tree mask).
-  Softmax runs in float32 over the concatenated keys. Returns [b, t, h, q].
+  Grouped-query: each of the k kv heads serves g = h / k query heads. Softmax in float32.
   """
   b, t, h, dq = q.shape
-  kh = k_new.shape[2]
+  kh = k.shape[1]
   qg = q.reshape(b, t, kh, h // kh, dq).astype(jnp.float32) * dq ** -0.5
-  neg = jnp.finfo(jnp.float32).min
-  scores = jnp.einsum("btkgq,bukq->bkgtu", qg, k_new.astype(jnp.float32))
-  scores = jnp.where(new_mask[:, None, None], scores, neg)
-  if k_cache is not None:
-    cached = jnp.einsum("btkgq,bskq->bkgts", qg, k_cache.astype(jnp.float32))
-    cached = jnp.where(cache_visible[:, None, None, None, :], cached, neg)
-    scores = jnp.concatenate([cached, scores], axis=-1)
+  scores = jnp.einsum("btkgq,bksq->bkgts", qg, k.astype(jnp.float32))
+  scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1)
-  out = jnp.einsum("bkgtu,bukq->btkgq", probs[..., -t:], v_new.astype(jnp.float32))
-  if k_cache is not None:
-    out += jnp.einsum("bkgts,bskq->btkgq", probs[..., :-t], v_cache.astype(jnp.float32))
-  return out.reshape(b, t, h, dq).astype(q.dtype)
+  out = jnp.einsum("bkgts,bksq->bkgtq", probs, v.astype(jnp.float32))  # cache-friendly order
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dq).astype(q.dtype)
 
 
 def _param(module: nn.Module, name: str, init, shape: tuple[int, ...], axes: tuple[str, ...]):
@@ -97,7 +89,8 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x, layer_kv, ctx):
-    # x [b, t, d]; layer_kv: (k, v) [b, s, k, q] each, or None; ctx: broadcast tables and masks
+    # x [b, t, d]; layer_kv: this layer's cache (k, v) [b, k, s, q] or None;
+    # ctx: (cos, sin [b, t, q/2], lengths [b] or None, mask [b, t, s] or [b, t, t] without cache)
     c = self.config
     d, h, kh, dq, f = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff
     dense = nn.initializers.lecun_normal()
@@ -113,45 +106,55 @@ class Block(nn.Module):
     w_up = _param(self, "up", dense, (d, f), ("embed", "mlp"))
     w_down = _param(self, "down", dense, (f, d), ("mlp", "embed"))
 
-    cos, sin, cache_visible, new_mask = ctx
+    cos, sin, lengths, mask = ctx
     y = rms_norm(x, attn_norm, c.norm_eps)
     q = apply_rope(jnp.einsum("btd,dhq->bthq", y, wq), cos, sin)
     k = apply_rope(jnp.einsum("btd,dkq->btkq", y, wk), cos, sin)
     v = jnp.einsum("btd,dkq->btkq", y, wv)
-    k_cache, v_cache = layer_kv if layer_kv is not None else (None, None)
-    att = attention(q, k, v, k_cache, v_cache, cache_visible, new_mask)
-    x = x + jnp.einsum("bthq,hqd->btd", att, wo)
+    if layer_kv is None:
+      keys, values = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [b, k, t, q]
+    else:
+      # Write first, then read. The barrier stops XLA from fusing the scatter into the attention
+      # reads, which would keep the old buffer alive and force a full copy of it every step.
+      layer_kv = jax.lax.optimization_barrier(
+          tuple(kvcache.write(buf, new, lengths) for buf, new in zip(layer_kv, (k, v))))
+      keys, values = layer_kv
+    x = x + jnp.einsum("bthq,hqd->btd", attention(q, keys, values, mask), wo)
     y = rms_norm(x, mlp_norm, c.norm_eps)
     gated = nn.silu(jnp.einsum("btd,df->btf", y, w_gate)) * jnp.einsum("btd,df->btf", y, w_up)
     x = x + jnp.einsum("btf,fd->btd", gated, w_down)
-    return x, (k, v, x if self.collect_hidden else None)
+    return x, (layer_kv, x if self.collect_hidden else None)
 
 
-class Llama(nn.Module):
+class Embedder(nn.Module):
+  """Token embedding in, final norm and LM head out (tied to the embedding or not)."""
   config: LlamaConfig
-  collect_hidden: bool = False
 
-  @nn.compact
-  def __call__(self, tokens, ctx, kv, logits_at):
+  def setup(self):
     c = self.config
     # std 1/sqrt(d): tied logits come out ~N(0, 1) instead of echoing the input token.
-    embed = _param(self, "embed", nn.initializers.normal(c.d_model ** -0.5), (c.vocab_size, c.d_model),
-                   ("vocab", "embed"))
-    x = jnp.take(embed, tokens, axis=0).astype(jnp.dtype(c.dtype))  # [b, t, d]
-    stack = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
-                    in_axes=(0, nn.broadcast), length=c.n_layers,
-                    metadata_params={nn.PARTITION_NAME: "layers"})
-    out, (k_new, v_new, layer_out) = stack(c, self.collect_hidden, name="layers")(x, kv, ctx)
-    final = rms_norm(out, _param(self, "final_norm", nn.initializers.ones, (c.d_model,),
-                                 ("embed",)), c.norm_eps)
+    self.embed = _param(self, "embed", nn.initializers.normal(c.d_model ** -0.5),
+                        (c.vocab_size, c.d_model), ("vocab", "embed"))
+    self.final_norm = _param(self, "final_norm", nn.initializers.ones, (c.d_model,), ("embed",))
+    if not c.tie_embeddings:
+      self.lm_head = _param(self, "lm_head", nn.initializers.lecun_normal(),
+                            (c.d_model, c.vocab_size), ("embed", "vocab"))
+
+  def encode(self, tokens):  # [b, t] -> [b, t, d]
+    return jnp.take(self.embed, tokens, axis=0).astype(jnp.dtype(self.config.dtype))
+
+  def decode(self, x, logits_at):
+    """x [b, t, d] -> (logits [b, n, v] float32, final-normed features [b, t, d])."""
+    final = rms_norm(x, self.final_norm, self.config.norm_eps)
     head = final if logits_at is None else jnp.take_along_axis(final, logits_at[..., None], 1)
-    if c.tie_embeddings:
-      logits = jnp.einsum("bnd,vd->bnv", head, embed)
+    if self.config.tie_embeddings:
+      logits = jnp.einsum("bnd,vd->bnv", head, self.embed)
     else:
-      w = _param(self, "lm_head", nn.initializers.lecun_normal(), (c.d_model, c.vocab_size),
-                 ("embed", "vocab"))
-      logits = jnp.einsum("bnd,dv->bnv", head, w)
-    return logits.astype(jnp.float32), (x, layer_out, final), k_new, v_new
+      logits = jnp.einsum("bnd,dv->bnv", head, self.lm_head)
+    return logits.astype(jnp.float32), final
+
+  def __call__(self, tokens):  # only used by init, to create every param
+    return self.decode(self.encode(tokens), None)
 
 
 def init_params(config: LlamaConfig, key: jax.Array) -> Params:
@@ -166,9 +169,64 @@ def param_axes(config: LlamaConfig):
 
 
 def _init_boxed(config: LlamaConfig, key: jax.Array):
+  """Boxed params: per-layer Block params vmapped into a stack with a leading "layers" axis."""
   tokens = jnp.zeros((1, 1), jnp.int32)
+  x = jnp.zeros((1, 1, config.d_model), jnp.dtype(config.dtype))
   ctx = (*rope_tables(config, tokens), None, jnp.ones((1, 1, 1), bool))
-  return Llama(config).init(key, tokens, ctx, None, None)["params"]
+  k_top, k_layers = jax.random.split(key)
+  top = Embedder(config).init(k_top, tokens)["params"]
+  layers = nn.vmap(Block, variable_axes={"params": 0}, split_rngs={"params": True},
+                   in_axes=None, axis_size=config.n_layers,
+                   metadata_params={nn.PARTITION_NAME: "layers"})(config).init(
+                       k_layers, x, None, ctx)["params"]
+  return {**top, "layers": layers}
+
+
+def unstack_layers(params: Params) -> Params:
+  """Params with the layer stack split into a tuple of per-layer dicts.
+
+  `forward` then runs the layers as an unrolled Python loop over separate buffers. On CPU this
+  reads each weight once per step; a scan's per-layer dynamic slice is copied before every
+  matmul (measured ~2x slower). Costs a longer compile; the stacked form stays canonical.
+  """
+  layers = params["layers"]
+  n = jax.tree.leaves(layers)[0].shape[0]
+  return {**params, "layers": tuple(jax.tree.map(lambda x: x[i], layers) for i in range(n))}
+
+
+def _run_layers(config: LlamaConfig, layers, x, cache: KVCache | None, ctx, collect: bool):
+  """All decoder layers: a scan over stacked params, or a loop over a tuple of per-layer params.
+
+  Returns the output, the updated K/V buffers (or None) and per-layer outputs (or None). The
+  loop form goes with a per-layer cache, the scan form with a stacked one.
+  """
+  block = Block(config, collect)
+  apply = lambda p, x, layer_kv: block.apply({"params": p}, x, layer_kv, ctx)
+  if isinstance(layers, tuple):
+    if cache is not None and not cache.per_layer:
+      raise ValueError("unstacked layers need a per-layer KVCache (KVCache.init(per_layer=True))")
+    kvs, outs = [], []
+    for i, p in enumerate(layers):
+      x, (layer_kv, out) = apply(p, x, None if cache is None else (cache.k[i], cache.v[i]))
+      kvs.append(layer_kv)
+      outs.append(out)
+    new_kv = None if cache is None else tuple(zip(*kvs))
+    return x, new_kv, (jnp.stack(outs) if collect else None)
+  if cache is not None and cache.per_layer:
+    raise ValueError("stacked layers need a stacked KVCache (KVCache.init(per_layer=False))")
+  if cache is None:
+    x, (_, outs) = jax.lax.scan(lambda x, p: apply(p, x, None), x, layers)
+    return x, None, outs
+
+  def body(carry, a):  # the stacked cache rides in the carry so each layer updates it in place
+    x, ks, vs = carry
+    p, i = a
+    x, ((k, v), out) = apply(p, x, (ks[i], vs[i]))
+    return (x, ks.at[i].set(k), vs.at[i].set(v)), out
+
+  (x, ks, vs), outs = jax.lax.scan(body, (x, cache.k, cache.v),
+                                   (layers, jnp.arange(config.n_layers)))
+  return x, (ks, vs), outs
 
 
 def _select_hidden(config: LlamaConfig, layers: tuple[int, ...], embedded, layer_out, final):
@@ -201,13 +259,20 @@ def forward(params: Params, config: LlamaConfig, tokens: jax.Array, positions: j
   """
   b, t = tokens.shape
   mask = causal_mask(b, t) if mask is None else mask
-  visible = cache.visible() if cache is not None else None
-  kv = (cache.k, cache.v) if cache is not None else None
+  lengths = None if cache is None else cache.lengths
+  if cache is not None:
+    mask = cache.attention_mask(mask)  # [b, t, s]
   collect = any(0 < (i % (config.n_layers + 1)) < config.n_layers for i in hidden_layers)
-  logits, (embedded, layer_out, final), k_new, v_new = Llama(config, collect).apply(
-      {"params": params}, tokens, (*rope_tables(config, positions), visible, mask), kv, logits_at)
+  top = Embedder(config)
+  top_params = {"params": {k: v for k, v in params.items() if k != "layers"}}
+  embedded = top.apply(top_params, tokens, method=Embedder.encode)
+  ctx = (*rope_tables(config, positions), lengths, mask)
+  x, new_kv, layer_out = _run_layers(config, params["layers"], embedded, cache, ctx, collect)
+  logits, final = top.apply(top_params, x, logits_at, method=Embedder.decode)
   hidden = _select_hidden(config, hidden_layers, embedded, layer_out, final)
-  return logits, hidden, (cache.append(k_new, v_new) if cache is not None else None)
+  if cache is not None:
+    cache = cache.replace(k=new_kv[0], v=new_kv[1], lengths=cache.lengths + t)
+  return logits, hidden, cache
 
 
 # Jitted forward for callers outside a jitted loop (tests, tools); static config and layers.

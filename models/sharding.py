@@ -33,8 +33,10 @@ def shard_params(params: llama.Params, config: LlamaConfig, mesh, rules) -> llam
 
 
 def shard_cache(cache: KVCache, mesh, rules) -> KVCache:
-  specs = KVCache(k=P(*CACHE_AXES), v=P(*CACHE_AXES), lengths=P("batch"))
-  return _place(cache, specs, mesh, rules, "cache")
+  spec = P(*CACHE_AXES)
+  if cache.per_layer:
+    spec = tuple(P(*CACHE_AXES[1:]) for _ in cache.k)
+  return _place(cache, KVCache(k=spec, v=spec, lengths=P("batch")), mesh, rules, "cache")
 
 
 def batch_sharding(mesh, rules, ndim: int) -> NamedSharding:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import shutil
 
 import gguf
 import jax
@@ -428,6 +427,14 @@ def test_hf_truncated_weights(saved_hf):
 def test_hf_unsupported_config(saved_hf, changes, match):
   _edit_config(saved_hf, **changes)
   with pytest.raises(ValueError, match=match):
+    hf_loader.load_hf_folder(saved_hf)
+
+
+def test_hf_config_missing_key_named(saved_hf):
+  cfg = json.loads((saved_hf / "config.json").read_text())
+  del cfg["hidden_size"]
+  (saved_hf / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(ValueError, match=r"config\.json.*hidden_size"):
     hf_loader.load_hf_folder(saved_hf)
 
 

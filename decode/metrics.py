@@ -1,0 +1,48 @@
+"""What every decode run reports: tokens, target forwards, tau, per-position acceptance, speed."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class DecodeOutput:
+  tokens: list[list[int]]  # new tokens per prompt, EOS included when hit
+  prefill_s: float
+  decode_s: float
+  forwards: int  # target forward passes, prefill included
+  compile_s: float = 0.0  # warm-up compile time, measured apart from the timed run
+  # Speculative runs only (autoregressive decoding is k = 0):
+  row_steps: int = 0  # verify steps summed over the sequences still active in them
+  step_tokens: int = 0  # tokens those steps emitted (accepted drafts + one target token each)
+  accepted_at: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))  # [k]
+
+  @property
+  def new_tokens(self) -> int:
+    return sum(len(t) for t in self.tokens)
+
+  @property
+  def wall_s(self) -> float:
+    return self.prefill_s + self.decode_s
+
+  @property
+  def tokens_per_s(self) -> float:
+    return self.new_tokens / self.wall_s
+
+  @property
+  def tau(self) -> float:
+    """Mean tokens emitted per target forward per sequence (1.0 for autoregressive decoding)."""
+    return self.step_tokens / self.row_steps if self.row_steps else 1.0
+
+  @property
+  def acceptance(self) -> np.ndarray:
+    """[k] fraction of steps whose draft token at position i was accepted."""
+    return self.accepted_at / max(self.row_steps, 1)
+
+  def summary(self) -> str:
+    acc = " ".join(f"{a:.2f}" for a in self.acceptance)
+    return (f"{self.new_tokens} new tokens in {self.wall_s:.2f} s: {self.tokens_per_s:.1f} tokens/s "
+            f"(prefill {self.prefill_s:.2f} s, decode {self.decode_s:.2f} s; compile "
+            f"{self.compile_s:.1f} s not counted); {self.forwards} target forwards, "
+            f"tau {self.tau:.2f}" + (f", acceptance by position [{acc}]" if acc else ""))

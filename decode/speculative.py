@@ -1,0 +1,182 @@
+"""Lossless draft-then-verify decoding: one jitted `lax.while_loop`, batched, with any drafter.
+
+Each step: the drafter proposes k tokens per sequence; one target forward of k + 1 positions
+(the pending last token, then the drafts) scores them; `verify_chain` keeps the longest
+acceptable prefix plus one target token; each sequence advances by its own count (ragged), and
+the target cache is rolled back by length arithmetic. Greedy output equals the target's own
+greedy output; sampled output follows the target's distribution exactly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs.meshes import MeshConfig
+from configs.models import LlamaConfig
+from decode.generate import place, prefill
+from decode.inputs import check_room, pack_prompts
+from decode.metrics import DecodeOutput
+from decode.sampling import SamplingConfig, sample
+from decode.verify import emitted_tokens, verify_chain
+from drafters.base import Drafter, TargetView
+from models import llama
+from models.kvcache import KVCache
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecConfig:
+  k: int = 5  # draft tokens per step
+  max_new_tokens: int = 128
+  sampling: SamplingConfig = SamplingConfig()
+  eos_ids: tuple[int, ...] = ()
+  prompt_bucket: int = 64  # prompts are right-padded to a multiple: one compile per bucket
+
+  def __post_init__(self):
+    if self.k < 1:
+      raise ValueError(f"k (draft tokens per step) must be >= 1, got {self.k}")
+    if self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+    if self.prompt_bucket < 1:
+      raise ValueError(f"prompt_bucket must be >= 1, got {self.prompt_bucket}")
+
+
+@flax.struct.dataclass
+class SpecState:
+  cache: KVCache  # target cache: every history token but the pending last one
+  history: jax.Array  # [b, S] int32 prompt, then generated tokens
+  lengths: jax.Array  # [b] int32 valid tokens in history
+  n_out: jax.Array  # [b] int32 generated tokens
+  done: jax.Array  # [b] bool
+  drafter: Any  # the drafter's state pytree
+  key: jax.Array
+  forwards: jax.Array  # [] int32 target forwards, prefill included
+  row_steps: jax.Array  # [] int32 verify steps summed over active sequences
+  step_tokens: jax.Array  # [] int32 tokens those steps emitted
+  accepted_at: jax.Array  # [k] int32 active sequences whose draft i was accepted
+
+
+def _stop(tokens, n_emit, n_out, max_new, eos_ids):
+  """Cuts each row's emitted tokens [b, k+1] at its budget and first EOS; returns (n, hit_eos)."""
+  n_emit = jnp.minimum(n_emit, max_new - n_out)
+  if not eos_ids:
+    return n_emit, jnp.zeros_like(n_emit, bool)
+  pos = jnp.arange(tokens.shape[1])[None]
+  is_eos = jnp.isin(tokens, jnp.asarray(eos_ids, jnp.int32)) & (pos < n_emit[:, None])
+  first = jnp.argmax(is_eos, 1)
+  hit = is_eos.any(1)
+  return jnp.where(hit, first + 1, n_emit), hit
+
+
+def spec_step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Drafter,
+              s: SpecState) -> SpecState:
+  b, k = s.history.shape[0], spec.k
+  rows = jnp.arange(b)
+  key, k_draft, k_verify = jax.random.split(s.key, 3)
+  view = TargetView(params, s.cache, s.history, s.lengths)
+  draft, dstate, view = drafter.propose(dparams, s.drafter, view, k_draft, config, k, spec.sampling)
+  last = s.history[rows, s.lengths - 1]
+  block = jnp.concatenate([last[:, None], draft.tokens], 1)  # [b, k+1]
+  positions = (s.lengths - 1)[:, None] + jnp.arange(k + 1)[None]  # [b, k+1]
+  logits, _, cache = llama.forward(params, config, block, positions, view.cache)
+  q = draft.probs
+  if q is None and not spec.sampling.greedy:  # deterministic drafter: q is one-hot
+    q = jax.nn.one_hot(draft.tokens, config.vocab_size, dtype=jnp.float32)
+  n_acc, nxt = verify_chain(k_verify, logits, draft.tokens, q, spec.sampling)
+  out = emitted_tokens(draft.tokens, n_acc, nxt)  # [b, k+1]
+  active = ~s.done
+  n_emit, hit_eos = _stop(out, n_acc + 1, s.n_out, spec.max_new_tokens, spec.eos_ids)
+  n_emit = jnp.where(active, n_emit, 0)
+  slots = s.lengths[:, None] + jnp.arange(k + 1)[None]
+  slots = jnp.where(jnp.arange(k + 1)[None] < n_emit[:, None], slots, s.history.shape[1])
+  history = s.history.at[rows[:, None], slots].set(out, mode="drop")
+  lengths = s.lengths + n_emit
+  cache = cache.with_lengths(lengths - 1)
+  dstate = drafter.update(dparams, dstate, TargetView(params, cache, history, lengths), n_acc)
+  n_out = s.n_out + n_emit
+  accepted = (jnp.arange(k)[None] < n_acc[:, None]) & active[:, None]
+  return s.replace(
+      cache=cache, history=history, lengths=lengths, n_out=n_out, drafter=dstate, key=key,
+      done=s.done | (active & hit_eos) | (n_out >= spec.max_new_tokens),
+      forwards=s.forwards + 1, row_steps=s.row_steps + active.sum(),
+      step_tokens=s.step_tokens + jnp.where(active, n_acc + 1, 0).sum(),
+      accepted_at=s.accepted_at + accepted.sum(0))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "spec", "drafter"), donate_argnames=("state",))
+def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Drafter,
+              state: SpecState) -> SpecState:
+  step = functools.partial(spec_step, params, dparams, config, spec, drafter)
+  return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "spec", "drafter", "max_len"))
+def _start(params, dparams, config, spec, drafter, max_len, tokens, lengths, logits, cache, key):
+  """First token from the prefill logits, the history buffer and the drafter's state."""
+  b = tokens.shape[0]
+  key, sub = jax.random.split(key)
+  first = sample(sub, logits, spec.sampling)
+  history = jnp.zeros((b, max_len), jnp.int32).at[:, :tokens.shape[1]].set(tokens)
+  history = history.at[jnp.arange(b), lengths].set(first)
+  n_out = jnp.ones((b,), jnp.int32)
+  done = n_out >= spec.max_new_tokens
+  if spec.eos_ids:
+    done |= jnp.isin(first, jnp.asarray(spec.eos_ids, jnp.int32))
+  view = TargetView(params, cache, history, lengths + 1)
+  return SpecState(
+      cache=cache, history=history, lengths=lengths + 1, n_out=n_out, done=done,
+      drafter=drafter.init(dparams, view, config, max_len), key=key,
+      forwards=jnp.ones((), jnp.int32), row_steps=jnp.zeros((), jnp.int32),
+      step_tokens=jnp.zeros((), jnp.int32), accepted_at=jnp.zeros((spec.k,), jnp.int32))
+
+
+def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
+                         spec: SpecConfig = SpecConfig(), drafter_params=None,
+                         key: jax.Array | None = None, mesh: MeshConfig | None = None,
+                         warmup: bool = False) -> DecodeOutput:
+  """Speculative decoding of a batch of prompts (lists of token ids) with `drafter`.
+
+  drafter_params: arrays the drafter reads (a draft model's weights), or None.
+  warmup: compile everything first (the loop runs zero steps), timed apart as compile_s.
+  """
+  spec.sampling.check_vocab(config.vocab_size)
+  drafter.check(config, drafter_params, spec.k)
+  drafter_params = drafter.prepare(drafter_params)
+  tokens, lengths = pack_prompts(prompts, config.vocab_size, spec.prompt_bucket)
+  # Room: the prompt, the new tokens, and one verify block of k + 1 past the last one.
+  check_room(int(lengths.max()), spec.max_new_tokens, config.max_seq_len, extra=spec.k + 1)
+  b = len(lengths)
+  max_len = tokens.shape[1] + spec.max_new_tokens + spec.k + 1
+  key = jax.random.key(0) if key is None else key
+  params, cache, tokens, lengths = place(
+      params, config, KVCache.init(config, b, max_len, per_layer=True), tokens, lengths, mesh)
+
+  def start(cache, done_now: bool):
+    logits, cache = prefill(params, config, tokens, lengths, cache)
+    state = _start(params, drafter_params, config, spec, drafter, max_len, tokens, lengths,
+                   logits, cache, key)
+    return state.replace(done=state.done | done_now)
+
+  compile_s = 0.0
+  if warmup:
+    t = time.perf_counter()
+    idle = start(jax.tree.map(jnp.copy, cache), True)
+    jax.block_until_ready(spec_loop(params, drafter_params, config, spec, drafter, idle))
+    compile_s = time.perf_counter() - t
+  t0 = time.perf_counter()
+  state = jax.block_until_ready(start(cache, False))
+  t1 = time.perf_counter()
+  state = jax.block_until_ready(spec_loop(params, drafter_params, config, spec, drafter, state))
+  t2 = time.perf_counter()
+  history, lengths_out, n_out = (np.asarray(x) for x in (state.history, state.lengths, state.n_out))
+  out = [history[i, lengths_out[i] - n_out[i]:lengths_out[i]].tolist() for i in range(b)]
+  return DecodeOutput(tokens=out, prefill_s=t1 - t0, decode_s=t2 - t1, compile_s=compile_s,
+                      forwards=int(state.forwards), row_steps=int(state.row_steps),
+                      step_tokens=int(state.step_tokens),
+                      accepted_at=np.asarray(state.accepted_at))

@@ -1,0 +1,143 @@
+"""Chain verification: which of k draft tokens the target keeps, and the token it adds.
+
+Greedy keeps the longest prefix that equals the target's argmax, so greedy speculative output is
+token for token the target's greedy output. Sampling uses the lossless rule of Leviathan et al.
+(2023) and Chen et al. (2023): keep draft i with probability min(1, p_i(x_i) / q_i(x_i)) in
+order, and at the first rejection j draw from normalize(max(0, p_j - q_j)); when all k are kept,
+draw the bonus token from p_k. Every emitted token then follows the target's sampling
+distribution exactly, whatever the drafter proposes.
+
+p and q must be the distributions *after* the same SamplingConfig (temperature, top-k, top-p):
+the rule is lossless with respect to the p it is given, so the target goes through
+`sampling.probs` here and the drafter's q must already have gone through it too (or be one-hot
+for a deterministic drafter such as prompt lookup).
+
+Everything is pure and jittable with `sampling` static; callers jit the whole decode step.
+
+Dims: b batch, k draft length, v vocab.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from decode.sampling import SamplingConfig, probs
+
+# Below this residual mass the residual is rounding noise (p == q up to float error), and a
+# rejection there happens with probability about that mass, so falling back to p_j changes the
+# output distribution by at most this much.
+_MIN_RESIDUAL_MASS = 1e-6
+
+
+def verify_chain(
+    key: jax.Array,
+    target_logits: jax.Array,  # [b, k+1, v] position i predicts the slot of draft i (k: bonus)
+    draft_tokens: jax.Array,  # [b, k] int32
+    draft_probs: jax.Array | None,  # [b, k, v] drafter's q after `sampling`; None for greedy
+    sampling: SamplingConfig,
+) -> tuple[jax.Array, jax.Array]:
+  """Returns (n_accepted [b] int32 in [0, k], next_token [b] int32).
+
+  The step emits draft_tokens[:, :n_accepted] followed by next_token: the target's correction
+  at the first rejected position, or its bonus token when all k drafts are kept.
+  """
+  _check_shapes(target_logits, draft_tokens, draft_probs, sampling)
+  if sampling.greedy:
+    return _verify_greedy(target_logits, draft_tokens)
+  return _verify_sampled(key, target_logits, draft_tokens, draft_probs, sampling)
+
+
+def emitted_tokens(
+    draft_tokens: jax.Array,  # [b, k]
+    n_accepted: jax.Array,  # [b]
+    next_token: jax.Array,  # [b]
+) -> jax.Array:
+  """The step's output as [b, k+1] int32: accepted drafts, then next_token, then -1 padding.
+
+  Row r holds n_accepted[r] + 1 real tokens; -1 marks slots past them so a ragged batch can be
+  written with one masked scatter.
+  """
+  k = draft_tokens.shape[1]
+  pos = jnp.arange(k + 1)[None]  # [1, k+1]
+  padded = jnp.concatenate([draft_tokens, draft_tokens[:, :1]], 1)  # [b, k+1]
+  n = n_accepted[:, None]
+  out = jnp.where(pos < n, padded, jnp.where(pos == n, next_token[:, None], -1))
+  return out.astype(jnp.int32)  # [b, k+1]
+
+
+def _check_shapes(target_logits, draft_tokens, draft_probs, sampling) -> None:
+  """Trace-time checks: shapes are static, so a mismatch fails before anything runs."""
+  if target_logits.ndim != 3:
+    raise ValueError(f"target_logits must be [b, k+1, v], got shape {target_logits.shape}")
+  b, k1, v = target_logits.shape
+  if draft_tokens.shape != (b, k1 - 1) or k1 < 2:
+    raise ValueError(f"draft_tokens must be [b, k] = {(b, k1 - 1)} with k >= 1 to match "
+                     f"target_logits {target_logits.shape}, got shape {draft_tokens.shape}")
+  sampling.check_vocab(v)
+  if sampling.greedy:
+    return
+  if draft_probs is None:
+    raise ValueError("draft_probs (the drafter's q) is required when sampling is not greedy")
+  if draft_probs.shape != (b, k1 - 1, v):
+    raise ValueError(f"draft_probs must be [b, k, v] = {(b, k1 - 1, v)}, "
+                     f"got shape {draft_probs.shape}")
+
+
+def _accepted_prefix(accept: jax.Array) -> jax.Array:
+  """Length of the leading run of True per row: [b, k] bool -> [b] int32."""
+  return jnp.cumprod(accept.astype(jnp.int32), -1).sum(-1).astype(jnp.int32)
+
+
+def _verify_greedy(target_logits, draft_tokens):
+  best = jnp.argmax(target_logits, -1).astype(jnp.int32)  # [b, k+1]
+  n = _accepted_prefix(draft_tokens == best[:, :-1])  # [b]
+  next_token = jnp.take_along_axis(best, n[:, None], 1)[:, 0]  # [b]
+  return n, next_token
+
+
+def _accept(u: jax.Array, px: jax.Array, qx: jax.Array) -> jax.Array:
+  """u < min(1, p/q) for u ~ U[0, 1), written without a division.
+
+  q = 0 (a junk or deterministic proposal) accepts iff p > 0 and p = 0 always rejects, with no
+  inf or NaN on the way.
+  """
+  return u * qx < px
+
+
+def _residual(p: jax.Array, q: jax.Array) -> jax.Array:
+  """normalize(max(0, p - q)) over the last axis, or p where that has (numerically) no mass."""
+  r = jnp.maximum(p - q, 0.0)
+  mass = r.sum(-1, keepdims=True)
+  return jnp.where(mass > _MIN_RESIDUAL_MASS, r / jnp.maximum(mass, _MIN_RESIDUAL_MASS), p)
+
+
+def _verify_sampled(key, target_logits, draft_tokens, draft_probs, sampling):
+  b, k = draft_tokens.shape
+  p = probs(target_logits, sampling)  # [b, k+1, v]
+  q = draft_probs.astype(jnp.float32)  # [b, k, v]
+  # Columns 0..k-1 decide acceptance, column k draws next_token: all independent (the rejected
+  # position's own uniform is conditioned by its rejection, so it must not be reused).
+  u = jax.random.uniform(key, (b, k + 1))  # [b, k+1]
+  px = jnp.take_along_axis(p[:, :k], draft_tokens[..., None], -1)[..., 0]  # [b, k]
+  qx = jnp.take_along_axis(q, draft_tokens[..., None], -1)[..., 0]  # [b, k]
+  n = _accepted_prefix(_accept(u[:, :k], px, qx))  # [b]
+  # A zero q row at position k makes the residual there p_k itself: the bonus draw.
+  q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], 1)  # [b, k+1, v]
+  rows = jnp.arange(b)
+  dist = _residual(p[rows, n], q_pad[rows, n])  # [b, v] only the row that is needed
+  return n, _inverse_cdf(u[:, k], dist)
+
+
+def _inverse_cdf(u: jax.Array, dist: jax.Array) -> jax.Array:
+  """One token per row from dist [b, v] (unnormalized is fine) with uniforms u [b] -> [b] int32.
+
+  Needs b uniforms where `jax.random.categorical` needs b * v Gumbel draws (the whole vocab per
+  row), and it never returns a zero-probability token: such a token's cdf equals its
+  predecessor's, so the first index whose cdf exceeds u * total is never it (and the clip to the
+  last positive entry covers u * total rounding up to the total).
+  """
+  v = dist.shape[-1]
+  cdf = jnp.cumsum(dist, -1)  # [b, v]
+  idx = jnp.sum(cdf <= (u * cdf[:, -1])[:, None], -1)  # [b] first index with cdf > u * total
+  last_positive = v - 1 - jnp.argmax(dist[:, ::-1] > 0, -1)  # [b]
+  return jnp.minimum(idx, last_positive).astype(jnp.int32)

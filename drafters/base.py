@@ -1,0 +1,68 @@
+"""The drafter protocol the decode loop calls without knowing the drafter's kind.
+
+A drafter is a small frozen dataclass (static, hashable: it is a jit static argument) plus a
+pytree state that rides in the loop state. Arrays a drafter reads but never changes (a draft
+model's weights) are its `params`, passed apart from the donated loop state.
+
+Invariant shared with the loop: `view.history[b, :lengths[b]]` holds the prompt and every token
+emitted so far; the target cache holds all of them but the last (the pending token the next
+verify step feeds first). A drafter may write the target cache only at slots >= lengths - 1:
+the verify forward overwrites those.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import flax.struct
+import jax
+
+from configs.models import LlamaConfig
+from models.kvcache import KVCache
+
+
+@flax.struct.dataclass
+class TargetView:
+  params: Any  # target params (layers unstacked)
+  cache: KVCache
+  history: jax.Array  # [b, S] int32
+  lengths: jax.Array  # [b] int32 valid tokens in history
+
+
+@flax.struct.dataclass
+class Draft:
+  tokens: jax.Array  # [b, k] int32
+  probs: jax.Array | None  # [b, k, v] the drafter's q after the sampling transform; None = one-hot
+
+
+class Drafter(Protocol):
+  def check(self, target: LlamaConfig, params, k: int) -> None:
+    """Host-side validation before anything is compiled; raises ValueError naming the value."""
+
+  def prepare(self, params):
+    """Host-side, once per call: the drafter's params in the form `propose` reads."""
+
+  def init(self, params, view: TargetView, config: LlamaConfig, max_len: int) -> Any:
+    """State after the target's prefill (history holds the prompt and the first new token)."""
+
+  def propose(self, params, state, view: TargetView, key: jax.Array, config: LlamaConfig,
+              k: int, sampling) -> tuple[Draft, Any, TargetView]:
+    """k draft tokens continuing each row of view.history."""
+
+  def update(self, params, state, view: TargetView, n_accepted: jax.Array) -> Any:
+    """After verification: view has the new history and lengths; n_accepted [b]."""
+
+
+class Stateless:
+  """Defaults for drafters without params or state of their own (subclass and add propose)."""
+
+  def check(self, target: LlamaConfig, params, k: int) -> None:
+    pass
+
+  def prepare(self, params):
+    return params
+
+  def init(self, params, view: TargetView, config: LlamaConfig, max_len: int):
+    return ()
+
+  def update(self, params, state, view: TargetView, n_accepted):
+    return state

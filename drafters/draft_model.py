@@ -1,0 +1,49 @@
+"""A separate, smaller draft model sharing the target's vocabulary, with its own KV cache.
+
+The draft cache mirrors the target's: it holds every history token but the pending last one,
+and after verification it is rolled back by length arithmetic, exactly like the target's.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from configs.models import LlamaConfig
+from drafters.base import Draft, TargetView
+from drafters.chain import draft_chain
+from models import llama
+from models.kvcache import KVCache
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModel:
+  config: LlamaConfig
+
+  def check(self, target: LlamaConfig, params, k: int) -> None:
+    if self.config.vocab_size != target.vocab_size:
+      raise ValueError(f"draft model vocabulary size {self.config.vocab_size} differs from the "
+                       f"target's {target.vocab_size}; they must share one vocabulary")
+    if params is None:
+      raise ValueError("a DraftModel drafter needs its params (drafter_params=...)")
+
+  def prepare(self, params):
+    return llama.unstack_layers(params) if not isinstance(params["layers"], tuple) else params
+
+  def init(self, params, view: TargetView, config, max_len: int) -> KVCache:
+    cache = KVCache.init(self.config, view.lengths.shape[0], max_len, per_layer=True)
+    width = view.history.shape[1]
+    positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), view.history.shape)
+    # Prefill on the whole buffer; only the first lengths - 1 slots stay valid.
+    _, _, cache = llama.forward(params, self.config, view.history, positions, cache,
+                                logits_at=jnp.zeros((view.history.shape[0], 1), jnp.int32))
+    return cache.with_lengths(view.lengths - 1)
+
+  def propose(self, params, state: KVCache, view: TargetView, key, config, k: int, sampling):
+    last = view.history[jnp.arange(view.history.shape[0]), view.lengths - 1]
+    tokens, q, state = draft_chain(params, self.config, state, last, key, k, sampling,
+                                   extra_step=True)
+    return Draft(tokens=tokens, probs=q), state, view
+
+  def update(self, params, state: KVCache, view: TargetView, n_accepted):
+    return state.with_lengths(view.lengths - 1)

@@ -1,0 +1,56 @@
+"""Self-speculation by layer skipping: the target with a subset of its layers drafts for itself.
+
+The drafter shares the target's weights and its per-layer cache: the kept layers read the
+target's K/V for the verified prefix (an approximation that only costs acceptance, never
+correctness), and write their draft K/V into the slots the verify forward overwrites next.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from drafters.base import Draft, Stateless, TargetView
+from drafters.chain import draft_chain
+from models.kvcache import KVCache
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSkip(Stateless):
+  keep: tuple[int, ...]  # indices of the target layers the drafter runs, ascending
+
+  @classmethod
+  def skipping(cls, n_layers: int, skip) -> LayerSkip:
+    """The drafter that runs every layer except those in `skip`."""
+    skip = set(skip)
+    bad = sorted(i for i in skip if not 0 <= i < n_layers)
+    if bad:
+      raise ValueError(f"layer-skip set names layer {bad[0]}, but the target has layers "
+                       f"0..{n_layers - 1}")
+    return cls(tuple(i for i in range(n_layers) if i not in skip))
+
+  def check(self, target, params, k: int) -> None:
+    if not self.keep:
+      raise ValueError(f"layer-skip set skips every one of the target's {target.n_layers} layers")
+    bad = [i for i in self.keep if not 0 <= i < target.n_layers]
+    if bad:
+      raise ValueError(f"layer-skip drafter keeps layer {bad[0]}, but the target has layers "
+                       f"0..{target.n_layers - 1}")
+    if list(self.keep) != sorted(set(self.keep)):
+      raise ValueError(f"layer-skip keep list must be ascending without repeats, got {self.keep}")
+
+  def propose(self, params, state, view: TargetView, key, config, k: int, sampling):
+    target = view.params
+    sub_params = {**target, "layers": tuple(target["layers"][i] for i in self.keep)}
+    cache = view.cache
+    sub_cache = KVCache(k=tuple(cache.k[i] for i in self.keep),
+                        v=tuple(cache.v[i] for i in self.keep), lengths=cache.lengths)
+    sub_config = dataclasses.replace(config, n_layers=len(self.keep))
+    last = view.history[jnp.arange(view.history.shape[0]), view.lengths - 1]
+    tokens, q, sub_cache = draft_chain(sub_params, sub_config, sub_cache, last, key, k, sampling)
+    # Hand the scribbled buffers back so XLA keeps updating the one cache in place.
+    ks, vs = list(cache.k), list(cache.v)
+    for j, i in enumerate(self.keep):
+      ks[i], vs[i] = sub_cache.k[j], sub_cache.v[j]
+    return Draft(tokens=tokens, probs=q), state, view.replace(
+        cache=cache.replace(k=tuple(ks), v=tuple(vs)))

@@ -1,0 +1,82 @@
+"""One entry point for every checkpoint: a preset name, a .gguf file, or a Hugging Face folder.
+
+    from models import load
+    m = load.load("smollm2-135m")   # or load.load("model.gguf"), load.load("path/to/hf_folder")
+    m.config, m.params, m.tokenizer
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any
+
+from configs.models import PRESETS, LlamaConfig, get_preset
+from models import assets
+
+# Presets that name a real checkpoint shipped in a local package -> function returning its path.
+CHECKPOINT_PRESETS = {"smollm2-135m": assets.smollm2_gguf_path}
+
+# Fields a checkpoint does not define (chosen at load time), so they never count as a mismatch.
+_RUNTIME_FIELDS = ("dtype", "param_dtype")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+  config: LlamaConfig
+  params: dict  # Params pytree, see models/llama.py
+  tokenizer: Any  # models.tokenizer.Tokenizer
+
+
+def load(name_or_path: str | pathlib.Path, *, param_dtype: str = "float32",
+         dtype: str = "float32") -> LoadedModel:
+  """Loads config, params (cast to param_dtype) and tokenizer; `dtype` is the compute dtype."""
+  if isinstance(name_or_path, str) and name_or_path in CHECKPOINT_PRESETS:
+    return _load_preset(name_or_path, param_dtype, dtype)
+  path = pathlib.Path(name_or_path)
+  if path.is_dir():
+    return _load_hf(path, param_dtype, dtype)
+  if path.suffix == ".gguf":
+    return _load_gguf(path, param_dtype, dtype)  # raises FileNotFoundError if absent
+  if not path.exists() and len(path.parts) > 1:
+    raise FileNotFoundError(f"no such .gguf file or Hugging Face folder: {path}")
+  known = sorted(CHECKPOINT_PRESETS)
+  hint = (f" ({name_or_path!r} is a config-only preset: use models.llama.init_params for random "
+          "weights)") if str(name_or_path) in PRESETS else ""
+  raise ValueError(f"cannot load {str(name_or_path)!r}: not a checkpoint preset {known}, a "
+                   f"path to a .gguf file, or an existing Hugging Face folder{hint}")
+
+
+def _load_gguf(path: pathlib.Path, param_dtype: str, dtype: str) -> LoadedModel:
+  from models import gguf_loader
+  from models.tokenizer import Tokenizer
+  reader = gguf_loader.open_gguf(path)  # parsed once, shared with the tokenizer
+  config, params = gguf_loader.load_gguf(path, param_dtype=param_dtype, reader=reader)
+  return LoadedModel(dataclasses.replace(config, dtype=dtype), params,
+                     Tokenizer.from_gguf(path, reader=reader))
+
+
+def _load_hf(folder: pathlib.Path, param_dtype: str, dtype: str) -> LoadedModel:
+  from models import hf_loader
+  from models.tokenizer import Tokenizer
+  config, params = hf_loader.load_hf_folder(folder, param_dtype=param_dtype)
+  return LoadedModel(dataclasses.replace(config, dtype=dtype), params,
+                     Tokenizer.from_hf_folder(folder))
+
+
+def _load_preset(name: str, param_dtype: str, dtype: str) -> LoadedModel:
+  """Loads the preset's file and insists the file agrees with the preset's architecture."""
+  model = _load_gguf(CHECKPOINT_PRESETS[name](), param_dtype, dtype)
+  preset = get_preset(name)
+  check_matches_preset(model.config, preset, name)
+  config = dataclasses.replace(preset, dtype=dtype, param_dtype=param_dtype)
+  return dataclasses.replace(model, config=config)
+
+
+def check_matches_preset(config: LlamaConfig, preset: LlamaConfig, name: str) -> None:
+  """Raises naming every architecture field where the loaded file and the preset disagree."""
+  diffs = [f"{f.name}: file {getattr(config, f.name)!r} != preset {getattr(preset, f.name)!r}"
+           for f in dataclasses.fields(LlamaConfig)
+           if f.name not in _RUNTIME_FIELDS and getattr(config, f.name) != getattr(preset, f.name)]
+  if diffs:
+    raise ValueError(f"checkpoint for preset {name!r} disagrees with configs/models.py: "
+                     + "; ".join(diffs))

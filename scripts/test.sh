@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test suite on CPU (8 fake devices, see tests/conftest.py). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh "test,reference"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+exec .venv/bin/python -m pytest -q "$@"

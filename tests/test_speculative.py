@@ -1,0 +1,119 @@
+"""Speculative decoding is lossless: greedy output equals target-only decoding, per prompt."""
+import jax
+import numpy as np
+import pytest
+
+from configs.meshes import MeshConfig
+from configs.models import get_preset
+from decode.generate import GenerateConfig, generate
+from decode.sampling import SamplingConfig
+from decode.speculative import SpecConfig, speculative_generate
+from drafters.draft_model import DraftModel
+from drafters.layer_skip import LayerSkip
+from drafters.prompt_lookup import PromptLookup
+from models import llama
+
+RNG = np.random.default_rng(0)
+# Mixed lengths; some prompts repeat themselves so prompt lookup finds matches.
+PROMPTS = [[1, 2, 3, 4, 1, 2, 3], list(RNG.integers(0, 256, 17)), [9] * 5, [7],
+           list(RNG.integers(0, 256, 30)), [5, 6, 5, 6, 5, 6], list(RNG.integers(0, 256, 3)),
+           [100, 3, 99, 4, 250]]
+NEW = 20
+
+
+@pytest.fixture(scope="module")
+def draft(tiny):
+  """A different random model with the target's vocabulary."""
+  cfg = get_preset("tiny")
+  return DraftModel(cfg), llama.init_params(cfg, jax.random.key(7))
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+  cfg, params = tiny
+  gen = GenerateConfig(max_new_tokens=NEW)
+  return [generate(params, cfg, [p], gen).tokens[0] for p in PROMPTS]
+
+
+def _drafters(tiny, draft):
+  cfg, params = tiny
+  return {"prompt-lookup": (PromptLookup(), None),
+          "layer-skip": (LayerSkip.skipping(cfg.n_layers, [1]), None),
+          "draft-model": draft,
+          "draft-is-target": (DraftModel(cfg), params)}
+
+
+@pytest.mark.parametrize("name", ["prompt-lookup", "layer-skip", "draft-model", "draft-is-target"])
+@pytest.mark.parametrize("batch", [1, 4, 8])
+def test_greedy_equals_target_only(tiny, draft, reference, name, batch):
+  cfg, params = tiny
+  drafter, dparams = _drafters(tiny, draft)[name]
+  prompts = PROMPTS[:batch] if batch > 1 else PROMPTS[4:5]
+  expect = reference[:batch] if batch > 1 else reference[4:5]
+  out = speculative_generate(params, cfg, prompts, drafter, SpecConfig(k=4, max_new_tokens=NEW),
+                             drafter_params=dparams)
+  assert out.tokens == expect
+  assert out.row_steps > 0 and 1.0 <= out.tau <= 5.0
+
+
+def test_metrics_when_the_drafter_is_the_target(tiny):
+  cfg, params = tiny
+  out = speculative_generate(params, cfg, PROMPTS[:4], DraftModel(cfg),
+                             SpecConfig(k=4, max_new_tokens=21), drafter_params=params)
+  # Every draft is accepted: each verify step emits k + 1 = 5 tokens; 20 tokens after the
+  # first one take exactly 4 steps, so 1 prefill + 4 verify forwards.
+  assert out.forwards == 5 and out.tau == 5.0
+  np.testing.assert_array_equal(out.acceptance, np.ones(4))
+  assert out.new_tokens == 4 * 21
+
+
+def test_prompt_lookup_accepts_on_repetitive_text(tiny, reference):
+  cfg, params = tiny
+  out = speculative_generate(params, cfg, PROMPTS, PromptLookup(), SpecConfig(k=4, max_new_tokens=NEW))
+  assert out.tokens == reference
+  assert out.tau > 1.2  # the tiny model repeats itself, so lookups hit
+  assert np.all(np.diff(out.acceptance) <= 0)  # a later position is never accepted more often
+
+
+def test_eos_stops_like_target_only(tiny, reference):
+  cfg, params = tiny
+  eos = reference[1][5]
+  gen = generate(params, cfg, PROMPTS[:4], GenerateConfig(max_new_tokens=NEW, eos_ids=(eos,)))
+  spec = speculative_generate(params, cfg, PROMPTS[:4], PromptLookup(),
+                              SpecConfig(k=3, max_new_tokens=NEW, eos_ids=(eos,)))
+  assert spec.tokens == gen.tokens
+  assert spec.tokens[1][-1] == eos and len(spec.tokens[1]) <= 6
+
+
+@pytest.mark.parametrize("name", ["layer-skip", "draft-model"])
+def test_sharded_equals_unsharded(tiny, draft, reference, name):
+  cfg, params = tiny
+  drafter, dparams = _drafters(tiny, draft)[name]
+  out = speculative_generate(params, cfg, PROMPTS, drafter, SpecConfig(k=3, max_new_tokens=NEW),
+                             drafter_params=dparams, mesh=MeshConfig(data=4, tensor=2))
+  assert out.tokens == reference
+
+
+def test_bad_speculative_input(tiny, draft):
+  cfg, params = tiny
+  with pytest.raises(ValueError, match="k \\(draft tokens per step\\) must be >= 1, got 0"):
+    SpecConfig(k=0)
+  with pytest.raises(ValueError, match="\\+ 41 draft slots = 258 exceeds the model's max_seq_len 256"):
+    speculative_generate(params, cfg, [[1] * 17], PromptLookup(), SpecConfig(k=40, max_new_tokens=200))
+  other = get_preset("tiny-untied-llama3")
+  with pytest.raises(ValueError, match="draft model vocabulary size 128 differs from the target.s 256"):
+    import dataclasses
+    small = dataclasses.replace(cfg, vocab_size=128)
+    speculative_generate(params, cfg, [[1, 2]], DraftModel(small),
+                         drafter_params=llama.init_params(small, jax.random.key(0)))
+  with pytest.raises(ValueError, match="skips every one of the target's 2 layers"):
+    speculative_generate(params, cfg, [[1, 2]], LayerSkip.skipping(cfg.n_layers, [0, 1]))
+  with pytest.raises(ValueError, match="names layer 5, but the target has layers 0..1"):
+    LayerSkip.skipping(cfg.n_layers, [5])
+  with pytest.raises(ValueError, match="keeps layer 3"):
+    speculative_generate(params, cfg, [[1, 2]], LayerSkip((0, 3)))
+  with pytest.raises(ValueError, match="top_k=999 exceeds the vocabulary size 256"):
+    speculative_generate(params, cfg, [[1, 2]], PromptLookup(),
+                         SpecConfig(sampling=SamplingConfig(temperature=1.0, top_k=999)))
+  with pytest.raises(ValueError, match="needs its params"):
+    speculative_generate(params, cfg, [[1, 2]], DraftModel(other))
