@@ -10,6 +10,8 @@ import jax
 from configs.meshes import MeshConfig
 from decode.generate import GenerateConfig, generate
 from decode.sampling import SamplingConfig
+from decode.speculative import SpecConfig, speculative_generate
+from drafters import registry
 
 DEFAULT_HUMANEVAL = 4
 
@@ -34,6 +36,17 @@ def add_parser(sub) -> None:
   p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off")
   p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off")
   p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
+  p.add_argument("--drafter", default="none", choices=registry.NAMES,
+                 help="speculative decoding drafter; none = plain autoregressive decoding")
+  p.add_argument("-k", type=int, default=5, help="draft tokens per verify step")
+  p.add_argument("--skip", default=None, metavar="I,J,...",
+                 help="layer-skip: target layers the drafter skips (default: searched on the "
+                      "first 4 HumanEval prompts)")
+  p.add_argument("--draft-model", default=None,
+                 help="draft-model: a preset, .gguf file or HF folder sharing the target's "
+                      "vocabulary (default: the target's first --draft-layers layers, untrained)")
+  p.add_argument("--draft-layers", type=int, default=4,
+                 help="draft-model: layers of the target to cut the default draft model from")
   p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
                  help="run sharded on a device mesh of this shape, e.g. 4,1,2")
   p.set_defaults(run=run)
@@ -66,14 +79,46 @@ def run(args) -> int:
         f"vocab {model.config.vocab_size}) on {jax.devices()[0].platform}", file=sys.stderr)
   tok = model.tokenizer
   prompts = [tok.encode(x if args.raw else tok.chat_prompt(x)) for x in texts]
-  gen = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, eos_ids=tok.eos_ids)
-  out = generate(model.params, model.config, prompts, gen, jax.random.key(args.seed), mesh=mesh,
-                 warmup=True)
+  drafter, dparams = _drafter(args, model, load)
+  key = jax.random.key(args.seed)
+  if drafter is None:
+    gen = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, eos_ids=tok.eos_ids)
+    out = generate(model.params, model.config, prompts, gen, key, mesh=mesh, warmup=True)
+  else:
+    spec = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                      eos_ids=tok.eos_ids)
+    out = speculative_generate(model.params, model.config, prompts, drafter, spec,
+                               drafter_params=dparams, key=key, mesh=mesh, warmup=True)
   for i, (text, ids) in enumerate(zip(texts, out.tokens)):
     print(f"=== prompt {i}: {text.strip().splitlines()[0][:70]!r}")
     print(tok.decode(ids))
-  print(f"--- {out.new_tokens} new tokens for {len(prompts)} prompts in {out.wall_s:.2f} s: "
-        f"{out.tokens_per_s:.1f} tokens/s (prefill {out.prefill_s:.2f} s, decode "
-        f"{out.decode_s:.2f} s, {out.forwards} target forwards; compile {out.compile_s:.1f} s "
-        "not counted)")
+  print(f"--- {args.drafter}: {len(prompts)} prompts, {out.summary()}")
   return 0
+
+
+def _drafter(args, model, load):
+  """The drafter the flags ask for, and its params."""
+  if args.drafter == "none":
+    return None, None
+  skip = None if args.skip is None else _ints(args.skip, "--skip")
+  calibration = None
+  if args.drafter == "layer-skip" and skip is None:
+    from models.assets import humaneval_prompts
+    tok = model.tokenizer
+    calibration = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(4)]
+  draft = None
+  if args.draft_model is not None:
+    other = load(args.draft_model)
+    draft = (other.config, other.params)
+  drafter, dparams = registry.make(args.drafter, model.params, model.config, k=args.k,
+                                   calibration=calibration, skip=skip, draft=draft,
+                                   draft_layers=args.draft_layers)
+  print(f"drafter: {drafter}", file=sys.stderr)
+  return drafter, dparams
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+  try:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+  except ValueError:
+    raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None

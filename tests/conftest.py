@@ -20,3 +20,10 @@ def tiny():
   """(config, params) of the tiny tied-embedding test model."""
   cfg = get_preset("tiny")
   return cfg, llama.init_params(cfg, jax.random.key(0))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+  """The real SmolLM2-135M-Instruct (LoadedModel), loaded once for the slow tests."""
+  from models.load import load
+  return load("smollm2-135m")

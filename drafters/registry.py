@@ -1,0 +1,37 @@
+"""Drafters by name, as the CLI and the benchmarks build them."""
+from __future__ import annotations
+
+from configs.models import LlamaConfig
+from drafters.draft_model import DraftModel
+from drafters.prompt_lookup import PromptLookup
+
+NAMES = ("none", "prompt-lookup", "layer-skip", "draft-model")
+
+
+def make(name: str, params, config: LlamaConfig, *, k: int = 5, calibration=None,
+         skip: tuple[int, ...] | None = None, draft=None, draft_layers: int = 4):
+  """Returns (drafter, drafter_params), or (None, None) for "none".
+
+  layer-skip: `skip` layers, or a set searched on `calibration` prompts (token-id lists).
+  draft-model: `draft` = (config, params) of a model sharing the vocabulary, or else the
+  target's first `draft_layers` layers (an untrained cut; train it with `speculax train`).
+  """
+  if name == "none":
+    return None, None
+  if name == "prompt-lookup":
+    return PromptLookup(), None
+  if name == "layer-skip":
+    from drafters.layer_skip import LayerSkip
+    if skip is not None:
+      return LayerSkip.skipping(config.n_layers, skip), None
+    if not calibration:
+      raise ValueError("layer-skip needs a skip set or calibration prompts to search one on")
+    from drafters.layer_skip_search import search_skip_set
+    return search_skip_set(params, config, calibration, k=k).drafter, None
+  if name == "draft-model":
+    if draft is None:
+      from models.derive import truncated
+      draft = truncated(params, config, range(draft_layers))
+    draft_config, draft_params = draft
+    return DraftModel(draft_config), draft_params
+  raise ValueError(f"unknown drafter {name!r}; choose from {', '.join(NAMES)}")

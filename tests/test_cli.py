@@ -1,0 +1,38 @@
+import pytest
+
+from cli.main import main
+
+
+def test_help_explains_every_flag(capsys):
+  with pytest.raises(SystemExit) as e:
+    main(["generate", "--help"])
+  assert e.value.code == 0
+  text = capsys.readouterr().out
+  for flag in ["--model", "--prompt", "--humaneval", "--raw", "--max-new-tokens", "--temperature",
+               "--top-k", "--top-p", "--seed", "--drafter", "-k", "--skip", "--draft-model",
+               "--draft-layers", "--mesh"]:
+    assert f"  {flag} " in text or f"  {flag}\n" in text, flag
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mesh", "2,2"], "--mesh must be three integers"),
+    (["--prompt", "  "], "--prompt is empty"),
+    (["--model", "no-such-model"], "no-such-model"),
+    (["--temperature", "-1"], "temperature must be a finite number >= 0, got -1.0"),
+    (["--top-p", "0"], r"top_p must be in (0, 1], got 0.0"),
+])
+def test_bad_flags_exit_with_a_clear_error(capsys, argv, message):
+  assert main(["generate", *argv]) == 2
+  err = capsys.readouterr().err
+  assert message in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup"])
+def test_generate_chat_prompt_on_smollm2(capsys, drafter):
+  assert main(["generate", "--prompt", "What is the capital of France?", "--max-new-tokens", "8",
+               "--drafter", drafter]) == 0
+  out = capsys.readouterr().out
+  assert "=== prompt 0: 'What is the capital of France?'" in out
+  assert "Paris" in out  # the chat template was applied: the instruct model answers
+  assert "tokens/s" in out and "tau" in out
