@@ -117,3 +117,15 @@ def test_bad_speculative_input(tiny, draft):
                          SpecConfig(sampling=SamplingConfig(temperature=1.0, top_k=999)))
   with pytest.raises(ValueError, match="needs its params"):
     speculative_generate(params, cfg, [[1, 2]], DraftModel(other))
+
+
+def test_no_recompilation_within_a_prompt_bucket(tiny):
+  from decode.speculative import spec_loop
+  cfg, params = tiny
+  spec = SpecConfig(k=3, max_new_tokens=6, prompt_bucket=32)
+  speculative_generate(params, cfg, [[1, 2, 3], [4, 5]], PromptLookup(), spec)
+  compiled = spec_loop._cache_size()
+  speculative_generate(params, cfg, [[1] * 30, [4, 5, 6, 7, 8]], PromptLookup(), spec)  # same bucket
+  assert spec_loop._cache_size() == compiled
+  speculative_generate(params, cfg, [[1] * 33, [4]], PromptLookup(), spec)  # next bucket
+  assert spec_loop._cache_size() == compiled + 1

@@ -1,0 +1,143 @@
+"""The distillation trainer on tiny models: it learns, resumes exactly, and shards."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.meshes import MeshConfig
+from models import llama
+from models.derive import truncated
+from train.checkpoints import Checkpointer
+from train.distill import DistillConfig, teacher_topk
+from train.loop import Target, fit, sharded_init
+from train.metrics_log import MetricsLog
+from train.optim import OptimConfig
+
+K = 16
+
+
+@pytest.fixture(scope="module")
+def setup(tiny):
+  cfg, params = tiny
+  tokens = np.asarray(jax.random.randint(jax.random.key(3), (32, 24), 0, cfg.vocab_size), np.int32)
+  ids, logprobs = (np.asarray(x) for x in teacher_topk(params, cfg, jnp.asarray(tokens), K))
+  teacher = lambda rows: {"ids": ids[rows], "logprobs": logprobs[rows]}
+  draft_cfg, draft = truncated(params, cfg, [0])  # one target layer: a weak drafter
+  return cfg, params, draft_cfg, draft, tokens, teacher
+
+
+def _cfg(**kw):
+  return DistillConfig(**({"batch_size": 8, "optim": OptimConfig(learning_rate=3e-3, warmup_steps=2,
+                                                                 total_steps=12)} | kw))
+
+
+def _train(setup, cfg, steps=None, state=None, **kw):
+  _, _, draft_cfg, draft, tokens, teacher = setup
+  state = state if state is not None else sharded_init(draft, draft_cfg, cfg, kw.get("mesh"))
+  if steps is not None:
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, total_steps=steps))
+  return fit(state, draft_cfg, cfg, tokens, teacher, **kw)
+
+
+@pytest.mark.parametrize("divergence, options", [
+    ("fkl", ()), ("rkl", ()), ("jsd", (("beta", 0.5),)), ("tvd", ()),
+    ("tvd++", (("n_samples", 32),)),  # one sample per position is too noisy to learn in 12 steps
+    ("ce", ())])
+def test_training_raises_acceptance(setup, tmp_path, divergence, options):
+  log = MetricsLog(tmp_path / "metrics.csv")
+  _train(setup, _cfg(divergence=divergence, divergence_options=options), log=log, log_every=1)
+  rows = log.read()
+  assert len(rows) == 12 and all(np.isfinite(r["loss"]) for r in rows)
+  first, last = np.mean([r["acceptance"] for r in rows[:2]]), np.mean([r["acceptance"] for r in rows[-2:]])
+  assert last > first + 0.02, (first, last)
+  assert log.plot(tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_resume_continues_the_exact_run(setup, tmp_path):
+  cfg = _cfg(divergence="tvd++", divergence_options=(("n_samples", 4),))  # uses the step key too
+  straight = _train(setup, cfg)
+  with Checkpointer(tmp_path / "ckpt", every=6, keep=2) as ck:
+    _train(setup, cfg, checkpointer=ck, until=6)  # "killed" after 6 of 12 steps
+  with Checkpointer(tmp_path / "ckpt", every=6, keep=2) as ck:
+    like = sharded_init(setup[3], setup[2], cfg, None)
+    restored = ck.restore(like=like)
+    assert int(restored.step) == 6
+    resumed = _train(setup, cfg, state=restored, checkpointer=ck)
+  for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params)):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(jax.tree.leaves(straight.opt_state), jax.tree.leaves(resumed.opt_state)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_checkpoint_of_another_drafter_shape_names_the_leaf(setup, tmp_path):
+  cfg = _cfg()
+  with Checkpointer(tmp_path / "ckpt", every=1, keep=1) as ck:
+    _train(setup, cfg, checkpointer=ck, until=1)
+  tiny_cfg, params = setup[0], setup[1]
+  other_cfg, other = truncated(params, tiny_cfg, [0, 1])  # two layers instead of one
+  with Checkpointer(tmp_path / "ckpt", every=1, keep=1) as ck:
+    with pytest.raises(ValueError, match="layers"):
+      ck.restore(like=sharded_init(other, other_cfg, cfg, None))
+
+
+def test_data_parallel_and_fsdp_match_one_device(setup):
+  cfg = _cfg(optim=OptimConfig(learning_rate=3e-3, warmup_steps=1, total_steps=4))
+  single = _train(setup, cfg)
+  sharded = _train(setup, cfg, mesh=MeshConfig(data=4, fsdp=2))
+  emb = sharded.params["embed"]
+  assert emb.sharding.shard_shape(emb.shape)[1] == emb.shape[1] // 2  # fsdp split the params
+  for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(sharded.params)):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
+
+
+def test_gradient_accumulation_updates_every_k_micro_batches(setup):
+  from train.distill import init_state, train_step
+  _, _, draft_cfg, draft, tokens, teacher = setup
+  cfg = _cfg(optim=OptimConfig(learning_rate=3e-3, warmup_steps=0, total_steps=2, accum_steps=2))
+  assert cfg.steps == 4  # 2 updates x 2 micro-batches
+  rows = np.arange(8)
+  batch = {"tokens": jnp.asarray(tokens[rows]), "mask": jnp.ones((8, 24)),
+           **{k: jnp.asarray(v) for k, v in teacher(rows).items()}}
+  s = init_state(draft, cfg)
+  s, _ = train_step(s, batch, draft_cfg, cfg)
+  np.testing.assert_array_equal(s.params["embed"], draft["embed"])  # first micro-batch: no update
+  s, _ = train_step(s, batch, draft_cfg, cfg)
+  assert not np.array_equal(s.params["embed"], draft["embed"])
+
+
+def test_mixed_precision_tracks_float32(setup, tmp_path):
+  logs = {}
+  for mp in (False, True):
+    logs[mp] = MetricsLog(tmp_path / f"{mp}.csv")
+    _train(setup, _cfg(mixed_precision=mp), log=logs[mp], log_every=1)
+  a, b = logs[False].read(), logs[True].read()
+  assert abs(a[0]["loss"] - b[0]["loss"]) < 0.05 * abs(a[0]["loss"])
+  assert b[-1]["acceptance"] > b[0]["acceptance"]
+
+
+def test_on_policy_rows_come_from_the_drafter(setup, tmp_path):
+  cfg_t, params = setup[0], setup[1]
+  cfg = _cfg(on_policy_fraction=0.5, on_policy_prefix=8,
+             optim=OptimConfig(learning_rate=3e-3, warmup_steps=0, total_steps=2))
+  log = MetricsLog(tmp_path / "m.csv")
+  _train(setup, cfg, target=Target(params, cfg_t, top_k=K), log=log, log_every=1)
+  assert len(log.read()) == 2
+  from train.loop import make_batch
+  state = sharded_init(setup[3], setup[2], cfg, None)
+  batch = make_batch(state, setup[2], cfg, setup[4], setup[5], Target(params, cfg_t, top_k=K), 0)
+  from train.data import batch_rows
+  data_rows = setup[4][batch_rows(32, 8, 0, seed=0)]
+  assert (batch["tokens"][:4, :8] == data_rows[:4, :8]).all()  # the prefix is kept
+  assert not (batch["tokens"][:4, 8:] == data_rows[:4, 8:]).all()  # the rest is sampled
+  assert (batch["tokens"][4:] == data_rows[4:]).all()
+
+
+def test_bad_training_config():
+  with pytest.raises(ValueError, match="unknown divergence 'kl-ish'"):
+    DistillConfig(divergence="kl-ish")
+  with pytest.raises(ValueError, match="learning_rate must be a positive number, got -0.001"):
+    OptimConfig(learning_rate=-1e-3)
+  with pytest.raises(ValueError, match="on_policy_fraction must be in"):
+    DistillConfig(on_policy_fraction=1.5)

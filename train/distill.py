@@ -1,0 +1,113 @@
+"""Distilling a draft model from the target: one jitted step, and the loop around it.
+
+Only the drafter's params are trained; the target enters as teacher log-probs (cached top-k,
+or computed on the fly for on-policy rows). Position i of a row carries the teacher's
+distribution of token i + 1, the same alignment as the student's logits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from configs.models import LlamaConfig
+from models import llama
+from train import losses
+from train.optim import OptimConfig, make_optimizer
+
+CE = "ce"  # plain next-token cross-entropy on the (target-generated) tokens: the baseline
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillConfig:
+  divergence: str = "fkl"  # one of losses.DIVERGENCES, or "ce"
+  divergence_options: tuple[tuple[str, float], ...] = ()  # e.g. (("beta", 0.1),) for jsd
+  batch_size: int = 8
+  optim: OptimConfig = OptimConfig()
+  mixed_precision: bool = False  # bf16 compute, fp32 master params and optimizer state
+  on_policy_fraction: float = 0.0  # share of each batch's rows sampled by the current drafter
+  on_policy_prefix: int = 16  # tokens of a data row kept as the prompt of an on-policy sample
+  seed: int = 0
+
+  def __post_init__(self):
+    if self.divergence != CE:
+      self.loss_fn()  # raises ValueError naming an unknown divergence or option
+    if self.batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+    if not 0 <= self.on_policy_fraction <= 1:
+      raise ValueError(f"on_policy_fraction must be in [0, 1], got {self.on_policy_fraction}")
+    if self.on_policy_prefix < 1:
+      raise ValueError(f"on_policy_prefix must be >= 1, got {self.on_policy_prefix}")
+
+  def loss_fn(self):
+    return losses.get_divergence(self.divergence, **dict(self.divergence_options))
+
+  @property
+  def steps(self) -> int:
+    """Micro-batches in the run: optimizer updates times accumulation."""
+    return self.optim.total_steps * self.optim.accum_steps
+
+
+@flax.struct.dataclass
+class TrainState:
+  params: Any  # the drafter's params (stacked layers), float32 master copy
+  opt_state: Any
+  step: jax.Array  # [] int32 micro-batches done
+  key: jax.Array  # [2] uint32 raw key data (checkpoints store plain arrays)
+
+
+def init_state(params, cfg: DistillConfig) -> TrainState:
+  """A fresh state owning copies of params: train_step donates the state's buffers."""
+  params = jax.tree.map(jnp.copy, params)
+  tx = make_optimizer(cfg.optim)
+  return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32),
+                    key=jax.random.key_data(jax.random.key(cfg.seed)))
+
+
+def _student_logits(params, config: LlamaConfig, tokens, mixed_precision: bool):
+  if mixed_precision:
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    config = dataclasses.replace(config, dtype="bfloat16", param_dtype="bfloat16")
+  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  logits, _, _ = llama.forward(params, config, tokens, positions)
+  return logits.astype(jnp.float32)  # [b, t, v]
+
+
+def distill_loss(params, config: LlamaConfig, cfg: DistillConfig, batch, key):
+  """batch: tokens [b, t], mask [b, t], teacher ids/logprobs [b, t, K] (top-k of p per position)."""
+  logits = _student_logits(params, config, batch["tokens"], cfg.mixed_precision)
+  teacher = losses.teacher_logprobs_from_topk(batch["ids"], batch["logprobs"], config.vocab_size)
+  mask = batch["mask"]
+  if cfg.divergence == CE:
+    loss = losses.cross_entropy(batch["tokens"][:, 1:], logits[:, :-1], mask[:, :-1])
+  else:
+    loss = cfg.loss_fn()(teacher, logits, mask, key=key)
+  return loss, {"loss": loss, "acceptance": losses.token_acceptance(teacher, logits, mask)}
+
+
+@functools.partial(jax.jit, static_argnames=("config", "cfg"), donate_argnames=("state",))
+def train_step(state: TrainState, batch, config: LlamaConfig, cfg: DistillConfig):
+  """One micro-batch: gradients of the divergence, then the optax update (which only moves the
+  params every accum_steps micro-batches when accumulating)."""
+  tx = make_optimizer(cfg.optim)
+  key, sub = jax.random.split(jax.random.wrap_key_data(state.key))
+  grads, metrics = jax.grad(distill_loss, has_aux=True)(state.params, config, cfg, batch, sub)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  metrics |= {"grad_norm": optax.tree.norm(grads),
+              "learning_rate": cfg.optim.schedule()(state.step // cfg.optim.accum_steps)}
+  return state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state,
+                       step=state.step + 1, key=jax.random.key_data(key)), metrics
+
+
+@functools.partial(jax.jit, static_argnames=("config", "k"))
+def teacher_topk(params, config: LlamaConfig, tokens, k: int):
+  """The target's top-k log-probs at every position of tokens [b, t] (on-policy rows)."""
+  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  logits, _, _ = llama.forward(params, config, tokens, positions)
+  logprobs, ids = jax.lax.top_k(jax.nn.log_softmax(logits), k)
+  return ids.astype(jnp.int32), logprobs

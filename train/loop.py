@@ -1,0 +1,104 @@
+"""The host-side training loop: batches by step, on-policy rows, checkpoints, metrics."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from configs.meshes import MeshConfig, make_mesh
+from configs.models import LlamaConfig
+from decode.generate import GenerateConfig, generate
+from decode.sampling import SamplingConfig
+from models import sharding
+from train.data import batch_rows
+from train.distill import DistillConfig, TrainState, init_state, teacher_topk, train_step
+
+Teacher = Callable[[np.ndarray], dict]  # rows [b] -> {"ids", "logprobs"} [b, t, K]
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """The frozen target, for scoring on-policy rows on the fly."""
+  params: dict
+  config: LlamaConfig
+  top_k: int = 32
+
+
+def sharded_init(params, config: LlamaConfig, cfg: DistillConfig,
+                 mesh: MeshConfig | None) -> TrainState:
+  """A fresh state on the mesh: data parallel over the batch, the drafter's params sharded by
+  the rules table (fsdp over `embed` when the mesh has an fsdp axis); the optimizer moments are
+  built from the placed params and so inherit their shardings."""
+  if mesh is not None:
+    params = sharding.shard_params(params, config, make_mesh(mesh), mesh.rules)
+  return init_state(params, cfg)
+
+
+def on_policy_rows(state: TrainState, config: LlamaConfig, cfg: DistillConfig, target: Target,
+                   tokens: np.ndarray, key: jax.Array) -> dict:
+  """Rows whose continuation the current drafter samples (temperature 1) after a data prefix,
+  scored by the target: DistillSpec's on-policy data."""
+  prefix, width = cfg.on_policy_prefix, tokens.shape[1]
+  out = generate(state.params, config, [r[:prefix] for r in tokens],
+                 GenerateConfig(max_new_tokens=width - prefix, prompt_bucket=prefix,
+                                sampling=SamplingConfig(temperature=1.0)), key)
+  rows = np.concatenate([tokens[:, :prefix], np.array(out.tokens, np.int32)], 1)
+  ids, logprobs = teacher_topk(target.params, target.config, jnp.asarray(rows), target.top_k)
+  return {"tokens": rows, "ids": np.asarray(ids), "logprobs": np.asarray(logprobs)}
+
+
+def make_batch(state, config, cfg: DistillConfig, tokens: np.ndarray, teacher: Teacher,
+               target: Target | None, step: int) -> dict:
+  rows = batch_rows(len(tokens), cfg.batch_size, step, seed=cfg.seed)
+  batch = {"tokens": tokens[rows], **teacher(rows)}
+  n_on = int(round(cfg.on_policy_fraction * cfg.batch_size))
+  if n_on:
+    if target is None:
+      raise ValueError("on_policy_fraction > 0 needs the target to score sampled rows")
+    key = jax.random.fold_in(jax.random.key(cfg.seed + 1), step)
+    fresh = on_policy_rows(state, config, cfg, target, batch["tokens"][:n_on], key)
+    for name, value in fresh.items():
+      k = batch[name].shape[-1] if name != "tokens" else None
+      batch[name][:n_on] = value if k is None else value[..., :k]
+  batch["mask"] = np.ones(batch["tokens"].shape, np.float32)
+  return batch
+
+
+def fit(state: TrainState, config: LlamaConfig, cfg: DistillConfig, tokens: np.ndarray,
+        teacher: Teacher, *, target: Target | None = None, checkpointer=None, log=None,
+        evaluate: Callable[[TrainState], dict] | None = None, eval_every: int = 0,
+        log_every: int = 10, mesh: MeshConfig | None = None,
+        until: int | None = None) -> TrainState:
+  """Trains from state.step up to cfg.steps micro-batches (or stops at `until`, as an
+  interrupted run would); the batch of a step depends only on the step, so a resumed run
+  continues exactly where the saved one was."""
+  m = None if mesh is None else make_mesh(mesh)
+  place = (lambda v: jnp.asarray(v)) if m is None else (
+      lambda v: jax.device_put(v, sharding.batch_sharding(m, mesh.rules, np.ndim(v))))
+  start = int(state.step)
+  stop = cfg.steps if until is None else min(until, cfg.steps)
+  bar = tqdm.tqdm(range(start, stop), initial=start, total=cfg.steps, disable=None,
+                  desc=f"distill {cfg.divergence}")
+  t0 = time.perf_counter()
+  for step in bar:
+    batch = make_batch(state, config, cfg, tokens, teacher, target, step)
+    batch = {k: place(v) for k, v in batch.items()}
+    state, metrics = train_step(state, batch, config, cfg)
+    done = step + 1
+    if log is not None and (done % log_every == 0 or done == cfg.steps):
+      row = {k: float(v) for k, v in metrics.items()}
+      row["steps_per_s"] = (done - start) / (time.perf_counter() - t0)
+      if evaluate is not None and eval_every and (done % eval_every == 0 or done == cfg.steps):
+        row |= evaluate(state)
+      log.write(done, row)
+      bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['acceptance']:.3f}")
+    if checkpointer is not None:
+      checkpointer.save(done, state, force=(done == cfg.steps))
+  if checkpointer is not None:
+    checkpointer.wait()
+  return state
