@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import generate
+from cli import generate, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -12,10 +12,11 @@ def main(argv: list[str] | None = None) -> int:
       prog="speculax", description="Speculative decoding research framework in JAX.")
   sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
   generate.add_parser(sub)
+  train.add_parser(sub)
   args = parser.parse_args(argv)
   try:
     return args.run(args)
-  except (ValueError, FileNotFoundError, TypeError) as e:
+  except (ValueError, FileNotFoundError) as e:
     print(f"speculax {args.command}: error: {e}", file=sys.stderr)
     return 2
 

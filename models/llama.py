@@ -113,11 +113,8 @@ class Block(nn.Module):
     v = jnp.einsum("btd,dkq->btkq", y, wv)
     if layer_kv is None:
       keys, values = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [b, k, t, q]
-    else:
-      # Write first, then read. The barrier stops XLA from fusing the scatter into the attention
-      # reads, which would keep the old buffer alive and force a full copy of it every step.
-      layer_kv = jax.lax.optimization_barrier(
-          tuple(kvcache.write(buf, new, lengths) for buf, new in zip(layer_kv, (k, v))))
+    else:  # write the block first, then attend over the whole cache with one [b, t, s] mask
+      layer_kv = tuple(kvcache.write(buf, new, lengths) for buf, new in zip(layer_kv, (k, v)))
       keys, values = layer_kv
     x = x + jnp.einsum("bthq,hqd->btd", attention(q, keys, values, mask), wo)
     y = rms_norm(x, mlp_norm, c.norm_eps)
@@ -194,7 +191,8 @@ def unstack_layers(params: Params) -> Params:
   return {**params, "layers": tuple(jax.tree.map(lambda x: x[i], layers) for i in range(n))}
 
 
-def _run_layers(config: LlamaConfig, layers, x, cache: KVCache | None, ctx, collect: bool):
+def _run_layers(config: LlamaConfig, layers, x, cache: KVCache | None, ctx, collect: bool,
+                layer_mask: jax.Array | None = None):
   """All decoder layers: a scan over stacked params, or a loop over a tuple of per-layer params.
 
   Returns the output, the updated K/V buffers (or None) and per-layer outputs (or None). The
@@ -202,6 +200,20 @@ def _run_layers(config: LlamaConfig, layers, x, cache: KVCache | None, ctx, coll
   """
   block = Block(config, collect)
   apply = lambda p, x, layer_kv: block.apply({"params": p}, x, layer_kv, ctx)
+  if layer_mask is not None:
+    if cache is not None or isinstance(layers, tuple):
+      raise ValueError("layer_mask needs stacked layers and no cache (the training-path scan)")
+    layer_mask = jnp.asarray(layer_mask, bool)
+    if layer_mask.shape != (config.n_layers,):
+      raise ValueError(f"layer_mask must have shape ({config.n_layers},), got {layer_mask.shape}")
+
+    def masked(x, a):  # a cond, not a where: a skipped layer costs nothing
+      p, keep = a
+      x = jax.lax.cond(keep, lambda x: apply(p, x, None)[0], lambda x: x, x)
+      return x, (x if collect else None)
+
+    x, outs = jax.lax.scan(masked, x, (layers, layer_mask))
+    return x, None, outs
   if isinstance(layers, tuple):
     if cache is not None and not cache.per_layer:
       raise ValueError("unstacked layers need a per-layer KVCache (KVCache.init(per_layer=True))")
@@ -246,7 +258,8 @@ def causal_mask(batch: int, t: int) -> jax.Array:  # [b, t, t] bool
 
 def forward(params: Params, config: LlamaConfig, tokens: jax.Array, positions: jax.Array,
             cache: KVCache | None = None, mask: jax.Array | None = None, *,
-            hidden_layers: tuple[int, ...] = (-1,), logits_at: jax.Array | None = None):
+            hidden_layers: tuple[int, ...] = (-1,), logits_at: jax.Array | None = None,
+            layer_mask: jax.Array | None = None):
   """Runs the model on a block of new tokens against a cache.
 
   tokens, positions: [b, t] int32 (positions drive RoPE). cache: KVCache or None (no prefix).
@@ -254,6 +267,8 @@ def forward(params: Params, config: LlamaConfig, tokens: jax.Array, positions: j
   hidden_layers: static indices of hidden states to return (HF indexing: 0 embeddings, i after
   layer i, -1 / L the final-normed features that feed the LM head).
   logits_at: [b, n] int32 indices into t; logits only there (prefill needs just the last one).
+  layer_mask: [l] bool, False = skip (the layer's input passes through): one compile scores any
+  skip set (drafters/layer_skip_search.py). Stacked params and no cache only.
   Returns logits [b, n or t, v] float32, hidden [len(hidden_layers), b, t, d], and the cache
   with the block appended (lengths += t), or None when no cache was given.
   """
@@ -267,7 +282,8 @@ def forward(params: Params, config: LlamaConfig, tokens: jax.Array, positions: j
   top_params = {"params": {k: v for k, v in params.items() if k != "layers"}}
   embedded = top.apply(top_params, tokens, method=Embedder.encode)
   ctx = (*rope_tables(config, positions), lengths, mask)
-  x, new_kv, layer_out = _run_layers(config, params["layers"], embedded, cache, ctx, collect)
+  x, new_kv, layer_out = _run_layers(config, params["layers"], embedded, cache, ctx, collect,
+                                     layer_mask)
   logits, final = top.apply(top_params, x, logits_at, method=Embedder.decode)
   hidden = _select_hidden(config, hidden_layers, embedded, layer_out, final)
   if cache is not None:

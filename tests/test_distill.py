@@ -141,3 +141,12 @@ def test_bad_training_config():
     OptimConfig(learning_rate=-1e-3)
   with pytest.raises(ValueError, match="on_policy_fraction must be in"):
     DistillConfig(on_policy_fraction=1.5)
+
+
+def test_metrics_log_keeps_steps_with_different_metrics(tmp_path):
+  log = MetricsLog(tmp_path / "m.csv")
+  log.write(2, {"loss": 2.0})
+  log.write(4, {"loss": 1.0, "heldout_acceptance": 0.5})  # evaluations are rarer than logs
+  assert log.read() == [{"step": 2, "loss": 2.0},
+                        {"step": 4, "loss": 1.0, "heldout_acceptance": 0.5}]
+  assert log.plot(tmp_path / "c.png").stat().st_size > 0

@@ -13,19 +13,24 @@ class MetricsLog:
     self.path.parent.mkdir(parents=True, exist_ok=True)
 
   def write(self, step: int, metrics: dict[str, float]) -> None:
-    row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+    """Long format (step, metric, value): steps may log different metrics (evals are rarer)."""
     new = not self.path.exists()
     with self.path.open("a", newline="") as f:
-      w = csv.DictWriter(f, fieldnames=list(row))
+      w = csv.writer(f)
       if new:
-        w.writeheader()
-      w.writerow(row)
+        w.writerow(["step", "metric", "value"])
+      w.writerows([step, k, float(v)] for k, v in metrics.items())
 
   def read(self) -> list[dict[str, float]]:
+    """One dict per logged step: {"step": s, metric: value, ...}."""
     if not self.path.exists():
       return []
+    rows: dict[int, dict[str, float]] = {}
     with self.path.open() as f:
-      return [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+      for r in csv.DictReader(f):
+        step = int(r["step"])
+        rows.setdefault(step, {"step": step})[r["metric"]] = float(r["value"])
+    return [rows[s] for s in sorted(rows)]
 
   def plot(self, out: str | pathlib.Path) -> pathlib.Path:
     """One panel per metric against step; returns the PNG path."""
