@@ -19,18 +19,9 @@ import jax
 import numpy as np
 
 from decode.generate import GenerateConfig, generate
-from models.assets import humaneval_prompts, smollm2_gguf_path
+from models.assets import humaneval_prompts
 from models.load import load
-from research.common import read_bandwidth, machine, median, table
-
-
-def _hf_model():
-  import torch
-  import transformers
-  path = smollm2_gguf_path()
-  model = transformers.AutoModelForCausalLM.from_pretrained(
-      path.parent, gguf_file=path.name, dtype=torch.float32)
-  return model.eval()
+from research.common import hf_model, machine, median, read_bandwidth, table
 
 
 def _hf_generate(model, batch: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
@@ -58,7 +49,7 @@ def main():
   tok = model.tokenizer
   prompts = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(args.prompts)]
   gen = GenerateConfig(max_new_tokens=args.new_tokens)  # no EOS: exactly new_tokens each
-  hf = _hf_model()
+  hf = hf_model()
   weight_bytes = sum(x.nbytes for x in jax.tree.leaves(model.params))
   bw = read_bandwidth()
 

@@ -28,8 +28,7 @@ from drafters import registry
 from drafters.prompt_lookup import PromptLookup
 from models.assets import humaneval_prompts
 from models.load import load
-from research.bench_autoregressive import _hf_model
-from research.common import machine, median, table
+from research.common import hf_model, machine, median, table
 
 AR, HF_PLD = "autoregressive", "transformers prompt-lookup"
 RESULTS = pathlib.Path("results/bench_speculative.json")
@@ -207,7 +206,7 @@ def main():
   skip = None if args.skip_layers is None else tuple(int(x) for x in args.skip_layers.split(","))
   drafters, about, skipped = _build_drafters(model, args.drafters.split(","), args.k, calibration,
                                              skip)
-  hf, calls = _hf_model(), []
+  hf, calls = hf_model(), []
   hf.register_forward_hook(lambda *_: calls.append(1))
   hf_limit = _hf_batch_limit(hf, prompts, args.k, calls)
   print(f"transformers prompt lookup at batch > 1: {hf_limit or 'supported'}", flush=True)

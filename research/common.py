@@ -44,3 +44,15 @@ def table(header: list[str], rows: list[list]) -> str:
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join(fmt(x) for x in r) + " |" for r in rows]
   return "\n".join(lines)
+
+
+def hf_model():
+  """SmolLM2-135M-Instruct in transformers (torch, fp32, CPU) from the same GGUF: the peer."""
+  import torch
+  import transformers
+
+  from models.assets import smollm2_gguf_path
+  path = smollm2_gguf_path()
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      path.parent, gguf_file=path.name, dtype=torch.float32)
+  return model.eval()
