@@ -20,7 +20,7 @@ import numpy as np
 
 from configs.meshes import MeshConfig
 from configs.models import LlamaConfig
-from decode.generate import place, prefill
+from decode.generate import GenerateConfig, place, prefill
 from decode.inputs import check_room, pack_prompts
 from decode.metrics import DecodeOutput
 from decode.sampling import SamplingConfig, sample
@@ -31,20 +31,14 @@ from models.kvcache import KVCache
 
 
 @dataclasses.dataclass(frozen=True)
-class SpecConfig:
-  k: int = 5  # draft tokens per step
-  max_new_tokens: int = 128
-  sampling: SamplingConfig = SamplingConfig()
-  eos_ids: tuple[int, ...] = ()
-  prompt_bucket: int = 64  # prompts are right-padded to a multiple: one compile per bucket
+class SpecConfig(GenerateConfig):
+  """GenerateConfig plus the number of draft tokens per verify step."""
+  k: int = 5
 
   def __post_init__(self):
+    super().__post_init__()
     if self.k < 1:
       raise ValueError(f"k (draft tokens per step) must be >= 1, got {self.k}")
-    if self.max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-    if self.prompt_bucket < 1:
-      raise ValueError(f"prompt_bucket must be >= 1, got {self.prompt_bucket}")
 
 
 @flax.struct.dataclass
