@@ -18,6 +18,7 @@ import pytest
 from configs.models import LlamaConfig, RopeScaling, get_preset
 from models import assets, gguf_loader, hf_loader, llama
 from models import load as load_mod
+from hf_models import tiny_hf_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -314,20 +315,6 @@ def test_gguf_unsupported_rope_scaling_type(tmp_path):
 
 
 # ----- Hugging Face folders -----
-
-
-def tiny_hf_model(tie: bool, rope_scaling: dict | None = None, seed: int = 0):
-  cfg = transformers.LlamaConfig(
-      vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-      rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tie, rope_scaling=rope_scaling)
-  torch.manual_seed(seed)
-  model = transformers.LlamaForCausalLM(cfg).eval()
-  with torch.no_grad():  # random norms too, so a swapped norm would show
-    for name, p in model.named_parameters():
-      if name.endswith("norm.weight"):
-        p.copy_(1.0 + 0.1 * torch.randn_like(p))
-  return model
 
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -12,6 +12,7 @@ import pytest
 
 from models import assets, gguf_loader, hf_loader, llama
 from models.kvcache import KVCache
+from hf_models import tiny_hf_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -44,23 +45,10 @@ def our_logits(params, config, tokens: np.ndarray) -> np.ndarray:  # [b, t, v]
   return np.asarray(logits)
 
 
-def tiny_hf_model(tie: bool, rope_scaling: dict | None, seed: int = 0):
-  cfg = transformers.LlamaConfig(
-      vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-      rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tie, rope_scaling=rope_scaling)
-  torch.manual_seed(seed)
-  model = transformers.LlamaForCausalLM(cfg).eval()
-  with torch.no_grad():  # random norms and larger weights, so logits are far from uniform
-    for name, p in model.named_parameters():
-      p.copy_(1.0 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight") else 4.0 * p)
-  return model
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_tiny_hf_logits_match(tmp_path, case):
   tie, rope = CASES[case]
-  model = tiny_hf_model(tie, rope)
+  model = tiny_hf_model(tie, rope, weight_scale=4.0)
   model.save_pretrained(tmp_path)
   config, params = hf_loader.load_hf_folder(tmp_path)
   # 40 positions: past original_max_position (32), where llama3 scaling matters most.
@@ -74,7 +62,7 @@ def test_tiny_hf_logits_match(tmp_path, case):
 
 def test_tiny_hf_cached_decode_matches(tmp_path):
   """Prefill then one-token decode through the KV cache gives transformers' last logits."""
-  model = tiny_hf_model(False, LLAMA3)
+  model = tiny_hf_model(False, LLAMA3, weight_scale=4.0)
   model.save_pretrained(tmp_path)
   config, params = hf_loader.load_hf_folder(tmp_path)
   tokens = np.random.default_rng(1).integers(0, 128, (1, 37))
