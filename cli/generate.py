@@ -11,6 +11,7 @@ from configs.meshes import MeshConfig
 from decode.generate import GenerateConfig, generate
 from decode.sampling import SamplingConfig
 from decode.speculative import SpecConfig, speculative_generate
+from decode.trees import parse_tree
 from drafters import registry
 
 DEFAULT_HUMANEVAL = 4
@@ -38,7 +39,11 @@ def add_parser(sub) -> None:
   p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
   p.add_argument("--drafter", default="none", choices=registry.NAMES,
                  help="speculative decoding drafter; none = plain autoregressive decoding")
-  p.add_argument("-k", type=int, default=5, help="draft tokens per verify step")
+  p.add_argument("-k", type=int, default=5, help="draft tokens per verify step (chains)")
+  p.add_argument("--tree", default=None, metavar="SHAPE",
+                 help="draft a token tree: 'full:3,2,1' (children per level) or "
+                      "'dynamic:WIDTH,DEPTH,CHILDREN' (grown by draft probability); layer-skip, "
+                      "draft-model and token-recycling (default: its own template)")
   p.add_argument("--skip", default=None, metavar="I,J,...",
                  help="layer-skip: target layers the drafter skips (default: searched on the "
                       "first 4 HumanEval prompts)")
@@ -66,7 +71,7 @@ def run(args) -> int:
   from models.load import load
 
   sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-  mesh = _mesh(args.mesh)
+  mesh, tree = _mesh(args.mesh), parse_tree(args.tree)
   if args.prompt and any(not p.strip() for p in args.prompt):
     raise ValueError("--prompt is empty")
   texts = args.prompt or humaneval_prompts(args.humaneval)
@@ -79,7 +84,7 @@ def run(args) -> int:
         f"vocab {model.config.vocab_size}) on {jax.devices()[0].platform}", file=sys.stderr)
   tok = model.tokenizer
   prompts = [tok.encode(x if args.raw else tok.chat_prompt(x)) for x in texts]
-  drafter, dparams = _drafter(args, model, load)
+  drafter, dparams = _drafter(args, model, load, tree)
   key = jax.random.key(args.seed)
   if drafter is None:
     gen = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, eos_ids=tok.eos_ids)
@@ -96,7 +101,7 @@ def run(args) -> int:
   return 0
 
 
-def _drafter(args, model, load):
+def _drafter(args, model, load, tree):
   """The drafter the flags ask for, and its params."""
   if args.drafter == "none":
     return None, None
@@ -112,7 +117,7 @@ def _drafter(args, model, load):
     draft = (other.config, other.params)
   drafter, dparams = registry.make(args.drafter, model.params, model.config, k=args.k,
                                    calibration=calibration, skip=skip, draft=draft,
-                                   draft_layers=args.draft_layers)
+                                   draft_layers=args.draft_layers, tree=tree)
   print(f"drafter: {drafter}", file=sys.stderr)
   return drafter, dparams
 

@@ -34,8 +34,7 @@ def run(args) -> int:
   from train.experiment import run as run_experiment
   exp = load_experiment(args.config)
   if args.steps is not None:
-    optim = dataclasses.replace(exp.distill.optim, total_steps=args.steps,
-                                warmup_steps=min(exp.distill.optim.warmup_steps, args.steps))
+    optim = exp.distill.optim.with_total_steps(args.steps)
     exp = dataclasses.replace(exp, distill=dataclasses.replace(exp.distill, optim=optim))
   if args.out_dir is not None:
     exp = dataclasses.replace(exp, out_dir=args.out_dir)

@@ -29,6 +29,11 @@ class LlamaConfig:
   max_seq_len: int = 2048
   dtype: str = "float32"  # compute dtype
   param_dtype: str = "float32"
+  # Attention of a block against the cache (decode, verify, tree verify): "xla" (jnp), "pallas"
+  # (models/kernels/tree_attention.py) or "pallas-interpret" (the same kernel in interpret mode,
+  # for CPU). The kernel walks the cache in blocks of attention_block_kv slots.
+  attention_impl: str = "xla"
+  attention_block_kv: int = 128
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
@@ -39,6 +44,11 @@ class LlamaConfig:
       raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+    if self.attention_impl not in ("xla", "pallas", "pallas-interpret"):
+      raise ValueError(f"attention_impl must be 'xla', 'pallas' or 'pallas-interpret', got "
+                       f"{self.attention_impl!r}")
+    if self.attention_block_kv < 1:
+      raise ValueError(f"attention_block_kv must be >= 1, got {self.attention_block_kv}")
 
 
 PRESETS: dict[str, LlamaConfig] = {

@@ -69,3 +69,18 @@ def sample(key: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
     return jnp.argmax(logits, -1).astype(jnp.int32)
   p = probs(logits, cfg)
   return jax.random.categorical(key, jnp.log(p), axis=-1).astype(jnp.int32)
+
+
+def candidates(key: jax.Array, logits: jax.Array, cfg: SamplingConfig,
+               c: int) -> tuple[jax.Array, jax.Array | None]:
+  """c distinct candidate tokens per row: logits [..., v] -> tokens [..., c] int32, q [..., v].
+
+  Greedy: the top c by logit (q None: deterministic). Sampling: c draws without replacement
+  from q = probs(logits) in draw order (Gumbel top-k), the law tree verification undoes sibling
+  by sibling.
+  """
+  if cfg.greedy:
+    return jax.lax.top_k(logits, c)[1].astype(jnp.int32), None
+  q = probs(logits, cfg)
+  gumbel = jax.random.gumbel(key, q.shape)
+  return jax.lax.top_k(jnp.log(q) + gumbel, c)[1].astype(jnp.int32), q

@@ -1,9 +1,11 @@
 """Lossless draft-then-verify decoding: one jitted `lax.while_loop`, batched, with any drafter.
 
-Each step: the drafter proposes k tokens per sequence; one target forward of k + 1 positions
-(the pending last token, then the drafts) scores them; `verify_chain` keeps the longest
-acceptable prefix plus one target token; each sequence advances by its own count (ragged), and
-the target cache is rolled back by length arithmetic. Greedy output equals the target's own
+Each step: the drafter proposes k tokens per sequence (or a tree of n nodes); one target forward
+of k + 1 positions (the pending last token, then the drafts; a tree with its ancestor mask)
+scores them; `verify_chain` keeps the longest acceptable prefix plus one target token
+(`verify_tree` the best root-to-node path, whose K/V then move into contiguous slots); each
+sequence advances by its own count (ragged), and the target cache is rolled back by length
+arithmetic. Greedy output equals the target's own
 greedy output; sampled output follows the target's distribution exactly.
 """
 from __future__ import annotations
@@ -24,8 +26,10 @@ from decode.generate import GenerateConfig, place, prefill
 from decode.inputs import check_room, pack_prompts
 from decode.metrics import DecodeOutput
 from decode.sampling import SamplingConfig, sample
+from decode import trees
 from decode.verify import emitted_tokens, verify_chain
-from drafters.base import Drafter, TargetView
+from decode.verify_tree import verify_tree
+from drafters.base import Drafter, TargetView, Verified
 from models import llama
 from models.kvcache import KVCache
 
@@ -56,6 +60,12 @@ class SpecState:
   accepted_at: jax.Array  # [k] int32 active sequences whose draft i was accepted
 
 
+def _block(drafter: Drafter, spec: SpecConfig) -> tuple[int, int]:
+  """(draft tokens fed per verify step, most drafts one step can keep): k and k for a chain."""
+  tree = drafter.tree
+  return (spec.k, spec.k) if tree is None else (tree.n_nodes, tree.depth)
+
+
 def _stop(tokens, n_emit, n_out, max_new, eos_ids):
   """Cuts each row's emitted tokens [b, k+1] at its budget and first EOS; returns (n, hit_eos)."""
   n_emit = jnp.minimum(n_emit, max_new - n_out)
@@ -68,33 +78,60 @@ def _stop(tokens, n_emit, n_out, max_new, eos_ids):
   return jnp.where(hit, first + 1, n_emit), hit
 
 
+def _verify(params, config, spec, drafter, draft, view, last, key):
+  """One target forward over the pending token and the drafts, and what it keeps.
+
+  Returns (Verified, emitted tokens [b, depth + 1] (-1 past each row's), cache with the kept
+  path's K/V in contiguous slots after the root's).
+  """
+  b = last.shape[0]
+  block = jnp.concatenate([last[:, None], draft.tokens], 1)  # [b, n + 1]
+  root = view.lengths - 1  # [b] the pending token's slot and position
+  q = draft.probs
+  if draft.parents is None:  # a chain: position i after the root, causal mask
+    k = draft.tokens.shape[1]
+    logits, _, cache = llama.forward(params, config, block, root[:, None] + jnp.arange(k + 1),
+                                     view.cache)
+    if q is None and not spec.sampling.greedy:  # deterministic drafter: q is one-hot
+      q = jax.nn.one_hot(draft.tokens, config.vocab_size, dtype=jnp.float32)
+    n_acc, nxt = verify_chain(key, logits, draft.tokens, q, spec.sampling)
+    path = jnp.broadcast_to(jnp.arange(k + 1, dtype=jnp.int32), (b, k + 1))
+    kept = draft.tokens
+  else:
+    tree = drafter.tree
+    positions = root[:, None] + trees.depths(draft.parents, tree.depth)
+    mask = trees.ancestor_mask(draft.parents, tree.depth)  # [b, n + 1, n + 1]
+    logits, _, cache = llama.forward(params, config, block, positions, view.cache, mask)
+    path, n_acc, nxt = verify_tree(key, logits, block, draft.parents, q, spec.sampling,
+                                   tree.depth, tree.max_children)
+    cache = cache.gather_path(root, path)
+    kept = jnp.take_along_axis(block, path[:, 1:], 1)  # [b, depth]
+  verified = Verified(block=block, logits=logits, path=path, n_accepted=n_acc)
+  return verified, emitted_tokens(kept, n_acc, nxt), cache
+
+
 def spec_step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Drafter,
               s: SpecState) -> SpecState:
-  b, k = s.history.shape[0], spec.k
+  b = s.history.shape[0]
   rows = jnp.arange(b)
   key, k_draft, k_verify = jax.random.split(s.key, 3)
   view = TargetView(params, s.cache, s.history, s.lengths)
-  draft, dstate, view = drafter.propose(dparams, s.drafter, view, k_draft, config, k, spec.sampling)
+  draft, dstate, view = drafter.propose(dparams, s.drafter, view, k_draft, config, spec.k,
+                                        spec.sampling)
   last = s.history[rows, s.lengths - 1]
-  block = jnp.concatenate([last[:, None], draft.tokens], 1)  # [b, k+1]
-  positions = (s.lengths - 1)[:, None] + jnp.arange(k + 1)[None]  # [b, k+1]
-  logits, _, cache = llama.forward(params, config, block, positions, view.cache)
-  q = draft.probs
-  if q is None and not spec.sampling.greedy:  # deterministic drafter: q is one-hot
-    q = jax.nn.one_hot(draft.tokens, config.vocab_size, dtype=jnp.float32)
-  n_acc, nxt = verify_chain(k_verify, logits, draft.tokens, q, spec.sampling)
-  out = emitted_tokens(draft.tokens, n_acc, nxt)  # [b, k+1]
+  verified, out, cache = _verify(params, config, spec, drafter, draft, view, last, k_verify)
+  n_acc, width = verified.n_accepted, out.shape[1]  # width: depth + 1
   active = ~s.done
   n_emit, hit_eos = _stop(out, n_acc + 1, s.n_out, spec.max_new_tokens, spec.eos_ids)
   n_emit = jnp.where(active, n_emit, 0)
-  slots = s.lengths[:, None] + jnp.arange(k + 1)[None]
-  slots = jnp.where(jnp.arange(k + 1)[None] < n_emit[:, None], slots, s.history.shape[1])
+  slots = s.lengths[:, None] + jnp.arange(width)[None]
+  slots = jnp.where(jnp.arange(width)[None] < n_emit[:, None], slots, s.history.shape[1])
   history = s.history.at[rows[:, None], slots].set(out, mode="drop")
   lengths = s.lengths + n_emit
   cache = cache.with_lengths(lengths - 1)
-  dstate = drafter.update(dparams, dstate, TargetView(params, cache, history, lengths), n_acc)
+  dstate = drafter.update(dparams, dstate, TargetView(params, cache, history, lengths), verified)
   n_out = s.n_out + n_emit
-  accepted = (jnp.arange(k)[None] < n_acc[:, None]) & active[:, None]
+  accepted = (jnp.arange(width - 1)[None] < n_acc[:, None]) & active[:, None]
   return s.replace(
       cache=cache, history=history, lengths=lengths, n_out=n_out, drafter=dstate, key=key,
       done=s.done | (active & hit_eos) | (n_out >= spec.max_new_tokens),
@@ -127,7 +164,8 @@ def _start(params, dparams, config, spec, drafter, max_len, tokens, lengths, log
       cache=cache, history=history, lengths=lengths + 1, n_out=n_out, done=done,
       drafter=drafter.init(dparams, view, config, max_len), key=key,
       forwards=jnp.ones((), jnp.int32), row_steps=jnp.zeros((), jnp.int32),
-      step_tokens=jnp.zeros((), jnp.int32), accepted_at=jnp.zeros((spec.k,), jnp.int32))
+      step_tokens=jnp.zeros((), jnp.int32),
+      accepted_at=jnp.zeros((_block(drafter, spec)[1],), jnp.int32))
 
 
 def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
@@ -143,10 +181,11 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   drafter.check(config, drafter_params, spec.k)
   drafter_params = drafter.prepare(drafter_params)
   tokens, lengths = pack_prompts(prompts, config.vocab_size, spec.prompt_bucket)
-  # Room: the prompt, the new tokens, and one verify block of k + 1 past the last one.
-  check_room(int(lengths.max()), spec.max_new_tokens, config.max_seq_len, extra=spec.k + 1)
+  # Room: the prompt, the new tokens, and one verify block (k or tree nodes, + 1) past the last.
+  nodes = _block(drafter, spec)[0]
+  check_room(int(lengths.max()), spec.max_new_tokens, config.max_seq_len, extra=nodes + 1)
   b = len(lengths)
-  max_len = tokens.shape[1] + spec.max_new_tokens + spec.k + 1
+  max_len = tokens.shape[1] + spec.max_new_tokens + nodes + 1
   key = jax.random.key(0) if key is None else key
   params, cache, tokens, lengths = place(
       params, config, KVCache.init(config, b, max_len, per_layer=True), tokens, lengths, mesh)

@@ -30,11 +30,25 @@ class TargetView:
 
 @flax.struct.dataclass
 class Draft:
-  tokens: jax.Array  # [b, k] int32
-  probs: jax.Array | None  # [b, k, v] the drafter's q after the sampling transform; None = one-hot
+  """k chain drafts, or the n draft nodes of a tree (node i + 1 is tokens[:, i]; 0 is the root)."""
+  tokens: jax.Array  # [b, k or n] int32
+  probs: jax.Array | None  # [b, k or n, v] the law each draft was drawn from (drafter's q after
+  # the sampling transform; a tree node's is its parent's q before siblings are removed); None = one-hot
+  parents: jax.Array | None = None  # [b, n + 1] int32 tree parents (root -1); None = a chain
+
+
+@flax.struct.dataclass
+class Verified:
+  """What one verify step saw and kept, for drafters that learn from it or keep their own cache."""
+  block: jax.Array  # [b, n + 1] int32 tokens the target scored: the pending token, then drafts
+  logits: jax.Array  # [b, n + 1, v] the target's logits at each of them
+  path: jax.Array  # [b, depth + 1] int32 kept block nodes from the root (a chain: 0, 1, ...)
+  n_accepted: jax.Array  # [b] int32 drafts kept
 
 
 class Drafter(Protocol):
+  tree: Any  # decode.trees.StaticTree | DynamicTree, or None for a chain of k drafts
+
   def check(self, target: LlamaConfig, params, k: int) -> None:
     """Host-side validation before anything is compiled; raises ValueError naming the value."""
 
@@ -48,12 +62,13 @@ class Drafter(Protocol):
               k: int, sampling) -> tuple[Draft, Any, TargetView]:
     """k draft tokens continuing each row of view.history."""
 
-  def update(self, params, state, view: TargetView, n_accepted: jax.Array) -> Any:
-    """After verification: view has the new history and lengths; n_accepted [b]."""
+  def update(self, params, state, view: TargetView, verified: Verified) -> Any:
+    """After verification: view has the new history and lengths."""
 
 
 class Stateless:
-  """Defaults for drafters without params or state of their own (subclass and add propose)."""
+  """Defaults for chain drafters without params or state of their own (subclass, add propose)."""
+  tree = None
 
   def check(self, target: LlamaConfig, params, k: int) -> None:
     pass
@@ -64,5 +79,5 @@ class Stateless:
   def init(self, params, view: TargetView, config: LlamaConfig, max_len: int):
     return ()
 
-  def update(self, params, state, view: TargetView, n_accepted):
+  def update(self, params, state, view: TargetView, verified: Verified):
     return state

@@ -10,8 +10,10 @@ import dataclasses
 import jax.numpy as jnp
 
 from configs.models import LlamaConfig
-from drafters.base import Draft, TargetView
+from decode.trees import Tree
+from drafters.base import Draft, TargetView, Verified
 from drafters.chain import draft_chain
+from drafters.tree_draft import check_tree, draft_tree
 from models import llama
 from models.kvcache import KVCache
 
@@ -19,6 +21,7 @@ from models.kvcache import KVCache
 @dataclasses.dataclass(frozen=True)
 class DraftModel:
   config: LlamaConfig
+  tree: Tree | None = None  # None: a chain of k drafts
 
   def check(self, target: LlamaConfig, params, k: int) -> None:
     if self.config.vocab_size != target.vocab_size:
@@ -26,6 +29,7 @@ class DraftModel:
                        f"target's {target.vocab_size}; they must share one vocabulary")
     if params is None:
       raise ValueError("a DraftModel drafter needs its params (drafter_params=...)")
+    check_tree(self.tree, target.vocab_size)
 
   def prepare(self, params):
     return llama.unstack_layers(params) if not isinstance(params["layers"], tuple) else params
@@ -41,9 +45,15 @@ class DraftModel:
 
   def propose(self, params, state: KVCache, view: TargetView, key, config, k: int, sampling):
     last = view.history[jnp.arange(view.history.shape[0]), view.lengths - 1]
+    if self.tree is not None:
+      tokens, q, parents, state = draft_tree(params, self.config, state, last, key, self.tree,
+                                             sampling, feed_leaves=True)
+      return Draft(tokens=tokens, probs=q, parents=parents), state, view
     tokens, q, state = draft_chain(params, self.config, state, last, key, k, sampling,
                                    extra_step=True)
     return Draft(tokens=tokens, probs=q), state, view
 
-  def update(self, params, state: KVCache, view: TargetView, n_accepted):
+  def update(self, params, state: KVCache, view: TargetView, verified: Verified):
+    if self.tree is not None:  # the kept path's K/V into contiguous slots after the root's
+      state = state.gather_path(state.lengths, verified.path)
     return state.with_lengths(view.lengths - 1)

@@ -10,24 +10,27 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from decode.trees import Tree
 from drafters.base import Draft, Stateless, TargetView
 from drafters.chain import draft_chain
+from drafters.tree_draft import check_tree, draft_tree
 from models.kvcache import KVCache
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerSkip(Stateless):
   keep: tuple[int, ...]  # indices of the target layers the drafter runs, ascending
+  tree: Tree | None = None  # None: a chain of k drafts
 
   @classmethod
-  def skipping(cls, n_layers: int, skip) -> LayerSkip:
+  def skipping(cls, n_layers: int, skip, tree: Tree | None = None) -> LayerSkip:
     """The drafter that runs every layer except those in `skip`."""
     skip = set(skip)
     bad = sorted(i for i in skip if not 0 <= i < n_layers)
     if bad:
       raise ValueError(f"layer-skip set names layer {bad[0]}, but the target has layers "
                        f"0..{n_layers - 1}")
-    return cls(tuple(i for i in range(n_layers) if i not in skip))
+    return cls(tuple(i for i in range(n_layers) if i not in skip), tree)
 
   def check(self, target, params, k: int) -> None:
     if not self.keep:
@@ -38,6 +41,7 @@ class LayerSkip(Stateless):
                        f"0..{target.n_layers - 1}")
     if list(self.keep) != sorted(set(self.keep)):
       raise ValueError(f"layer-skip keep list must be ascending without repeats, got {self.keep}")
+    check_tree(self.tree, target.vocab_size)
 
   def propose(self, params, state, view: TargetView, key, config, k: int, sampling):
     target = view.params
@@ -47,10 +51,15 @@ class LayerSkip(Stateless):
                         v=tuple(cache.v[i] for i in self.keep), lengths=cache.lengths)
     sub_config = dataclasses.replace(config, n_layers=len(self.keep))
     last = view.history[jnp.arange(view.history.shape[0]), view.lengths - 1]
-    tokens, q, sub_cache = draft_chain(sub_params, sub_config, sub_cache, last, key, k, sampling)
+    parents = None
+    if self.tree is not None:
+      tokens, q, parents, sub_cache = draft_tree(sub_params, sub_config, sub_cache, last, key,
+                                                 self.tree, sampling)
+    else:
+      tokens, q, sub_cache = draft_chain(sub_params, sub_config, sub_cache, last, key, k, sampling)
     # Hand the scribbled buffers back so XLA keeps updating the one cache in place.
     ks, vs = list(cache.k), list(cache.v)
     for j, i in enumerate(self.keep):
       ks[i], vs[i] = sub_cache.k[j], sub_cache.v[j]
-    return Draft(tokens=tokens, probs=q), state, view.replace(
+    return Draft(tokens=tokens, probs=q, parents=parents), state, view.replace(
         cache=cache.replace(k=tuple(ks), v=tuple(vs)))

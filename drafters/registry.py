@@ -1,37 +1,51 @@
 """Drafters by name, as the CLI and the benchmarks build them."""
 from __future__ import annotations
 
+import dataclasses
+
 from configs.models import LlamaConfig
+from decode.trees import StaticTree, Tree
 from drafters.draft_model import DraftModel
 from drafters.prompt_lookup import PromptLookup
+from drafters.token_recycling import TokenRecycling
 
-NAMES = ("none", "prompt-lookup", "layer-skip", "draft-model")
+NAMES = ("none", "prompt-lookup", "layer-skip", "draft-model", "token-recycling")
 
 
 def make(name: str, params, config: LlamaConfig, *, k: int = 5, calibration=None,
-         skip: tuple[int, ...] | None = None, draft=None, draft_layers: int = 4):
+         skip: tuple[int, ...] | None = None, draft=None, draft_layers: int = 4,
+         tree: Tree | None = None):
   """Returns (drafter, drafter_params), or (None, None) for "none".
 
   layer-skip: `skip` layers, or a set searched on `calibration` prompts (token-id lists).
   draft-model: `draft` = (config, params) of a model sharing the vocabulary, or else the
   target's first `draft_layers` layers (an untrained cut; train it with `speculax train`).
+  tree: layer-skip and draft-model draft it instead of a chain of k; token-recycling expands
+  it (a StaticTree; default its own template).
   """
   if name == "none":
     return None, None
   if name == "prompt-lookup":
+    if tree is not None:
+      raise ValueError("prompt-lookup drafts a chain only; drop the tree")
     return PromptLookup(), None
+  if name == "token-recycling":
+    if tree is not None and not isinstance(tree, StaticTree):
+      raise ValueError(f"token-recycling expands a static tree template, got {tree}")
+    return (TokenRecycling(tree) if tree is not None else TokenRecycling()), None
   if name == "layer-skip":
     from drafters.layer_skip import LayerSkip
     if skip is not None:
-      return LayerSkip.skipping(config.n_layers, skip), None
+      return LayerSkip.skipping(config.n_layers, skip, tree), None
     if not calibration:
       raise ValueError("layer-skip needs a skip set or calibration prompts to search one on")
     from drafters.layer_skip_search import search_skip_set
-    return search_skip_set(params, config, calibration, k=k).drafter, None
+    found = search_skip_set(params, config, calibration, k=k).drafter
+    return dataclasses.replace(found, tree=tree), None
   if name == "draft-model":
     if draft is None:
       from models.derive import truncated
       draft = truncated(params, config, range(draft_layers))
     draft_config, draft_params = draft
-    return DraftModel(draft_config), draft_params
+    return DraftModel(draft_config, tree), draft_params
   raise ValueError(f"unknown drafter {name!r}; choose from {', '.join(NAMES)}")

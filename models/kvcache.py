@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from configs.models import LlamaConfig
+from models.attention import prefix_block_mask
 
 CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
 
@@ -32,6 +33,8 @@ class KVCache:
            per_layer: bool = False) -> KVCache:
     if batch < 1 or max_len < 1:
       raise ValueError(f"KVCache needs batch >= 1 and max_len >= 1, got {batch=} {max_len=}")
+    if config.attention_impl != "xla":  # the kernel walks whole blocks of slots
+      max_len = -(-max_len // config.attention_block_kv) * config.attention_block_kv
     shape = (batch, config.n_kv_heads, max_len, config.head_dim)
     dtype = jnp.dtype(dtype or config.dtype)
     if per_layer:
@@ -49,15 +52,30 @@ class KVCache:
     return (self.k[0] if self.per_layer else self.k).shape[-2]
 
   def attention_mask(self, new_mask: jax.Array) -> jax.Array:
-    """[b, t, s] bool: each new token sees the valid prefix plus the new slots new_mask allows.
+    """[b, t, s] bool: each new token sees the valid prefix plus the block slots new_mask allows.
 
-    new_mask [b, t, t] is causal for a chain and the ancestor mask for a tree.
+    new_mask [b, t, u], u >= t, covers the last u slots up to the new tokens' own: [b, t, t] is
+    causal for a chain or the ancestor mask for a tree; u > t adds the tree nodes already in the
+    cache (a drafter feeding its tree level by level), which only their descendants may see.
     """
-    t = new_mask.shape[-1]
-    rel = jnp.arange(self.max_len)[None, :] - self.lengths[:, None]  # [b, s] slot - length
-    in_block = (rel >= 0) & (rel < t)
-    block = jnp.take_along_axis(new_mask, jnp.clip(rel, 0, t - 1)[:, None, :], axis=2)
-    return (rel < 0)[:, None, :] | (in_block[:, None, :] & block)
+    t, u = new_mask.shape[-2:]
+    return prefix_block_mask(self.lengths - (u - t), new_mask, self.max_len)
+
+  def gather_path(self, start: jax.Array, path: jax.Array) -> KVCache:
+    """Moves the kept tree path into contiguous slots: slot start + i <- slot start + path[:, i].
+
+    start [b] is the root's slot and a node's slot is start + its index; path [b, m] node
+    indices. Lengths are unchanged (set them with `with_lengths`).
+    """
+    rows = jnp.arange(path.shape[0])[:, None]
+    src = start[:, None] + path  # [b, m]
+
+    def move(buf):  # [b, k, s, q]
+      return write(buf, buf[rows, :, src], start)  # buf[rows, :, src]: [b, m, k, q]
+
+    if self.per_layer:
+      return self.replace(k=tuple(map(move, self.k)), v=tuple(map(move, self.v)))
+    return self.replace(k=jax.vmap(move)(self.k), v=jax.vmap(move)(self.v))
 
   def with_lengths(self, lengths: jax.Array) -> KVCache:
     """Rolls back (or sets) each sequence's filled length; stale slots become invisible."""

@@ -21,6 +21,8 @@ import numpy as np
 
 from configs.models import LlamaConfig
 from models import kvcache
+from models.attention import attention
+from models.kernels.tree_attention import BlockSizes, tree_attention
 from models.kvcache import KVCache
 
 Params = dict
@@ -62,21 +64,6 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
   return scale * x32.astype(x.dtype)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-  """q [b, t, h, q]; k, v [b, k, s, q]; mask [b, t, s] bool -> [b, t, h, q].
-
-  Grouped-query: each of the k kv heads serves g = h / k query heads. Softmax in float32.
-  """
-  b, t, h, dq = q.shape
-  kh = k.shape[1]
-  qg = q.reshape(b, t, kh, h // kh, dq).astype(jnp.float32) * dq ** -0.5
-  scores = jnp.einsum("btkgq,bksq->bkgts", qg, k.astype(jnp.float32))
-  scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1)
-  out = jnp.einsum("bkgts,bksq->bkgtq", probs, v.astype(jnp.float32))  # cache-friendly order
-  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dq).astype(q.dtype)
-
-
 def _param(module: nn.Module, name: str, init, shape: tuple[int, ...], axes: tuple[str, ...]):
   dtype = jnp.dtype(module.config.param_dtype)
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
@@ -90,7 +77,8 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x, layer_kv, ctx):
     # x [b, t, d]; layer_kv: this layer's cache (k, v) [b, k, s, q] or None;
-    # ctx: (cos, sin [b, t, q/2], lengths [b] or None, mask [b, t, s] or [b, t, t] without cache)
+    # ctx: (cos, sin [b, t, q/2], lengths [b] or None, mask [b, t, s] or [b, t, t] without
+    # cache, or None with block_mask [b, t, t] for the kernel, which builds the rest itself)
     c = self.config
     d, h, kh, dq, f = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff
     dense = nn.initializers.lecun_normal()
@@ -106,7 +94,7 @@ class Block(nn.Module):
     w_up = _param(self, "up", dense, (d, f), ("embed", "mlp"))
     w_down = _param(self, "down", dense, (f, d), ("mlp", "embed"))
 
-    cos, sin, lengths, mask = ctx
+    cos, sin, lengths, mask, block_mask = ctx
     y = rms_norm(x, attn_norm, c.norm_eps)
     q = apply_rope(jnp.einsum("btd,dhq->bthq", y, wq), cos, sin)
     k = apply_rope(jnp.einsum("btd,dkq->btkq", y, wk), cos, sin)
@@ -116,7 +104,13 @@ class Block(nn.Module):
     else:  # write the block first, then attend over the whole cache with one [b, t, s] mask
       layer_kv = tuple(kvcache.write(buf, new, lengths) for buf, new in zip(layer_kv, (k, v)))
       keys, values = layer_kv
-    x = x + jnp.einsum("bthq,hqd->btd", attention(q, keys, values, mask), wo)
+    if block_mask is None:
+      attended = attention(q, keys, values, mask)
+    else:
+      attended = tree_attention(q, keys, values, lengths, block_mask,
+                                block_sizes=BlockSizes(c.attention_block_kv),
+                                interpret=c.attention_impl == "pallas-interpret")
+    x = x + jnp.einsum("bthq,hqd->btd", attended, wo)
     y = rms_norm(x, mlp_norm, c.norm_eps)
     gated = nn.silu(jnp.einsum("btd,df->btf", y, w_gate)) * jnp.einsum("btd,df->btf", y, w_up)
     x = x + jnp.einsum("btf,fd->btd", gated, w_down)
@@ -169,7 +163,7 @@ def _init_boxed(config: LlamaConfig, key: jax.Array):
   """Boxed params: per-layer Block params vmapped into a stack with a leading "layers" axis."""
   tokens = jnp.zeros((1, 1), jnp.int32)
   x = jnp.zeros((1, 1, config.d_model), jnp.dtype(config.dtype))
-  ctx = (*rope_tables(config, tokens), None, jnp.ones((1, 1, 1), bool))
+  ctx = (*rope_tables(config, tokens), None, jnp.ones((1, 1, 1), bool), None)
   k_top, k_layers = jax.random.split(key)
   top = Embedder(config).init(k_top, tokens)["params"]
   layers = nn.vmap(Block, variable_axes={"params": 0}, split_rngs={"params": True},
@@ -263,7 +257,8 @@ def forward(params: Params, config: LlamaConfig, tokens: jax.Array, positions: j
   """Runs the model on a block of new tokens against a cache.
 
   tokens, positions: [b, t] int32 (positions drive RoPE). cache: KVCache or None (no prefix).
-  mask: [b, t, t] bool attention among the new tokens (default causal; a tree mask for trees).
+  mask: [b, t, t] bool attention among the new tokens (default causal; a tree mask for trees),
+  or [b, t, u] over the last u cache slots up to the new ones (see `KVCache.attention_mask`).
   hidden_layers: static indices of hidden states to return (HF indexing: 0 embeddings, i after
   layer i, -1 / L the final-normed features that feed the LM head).
   logits_at: [b, n] int32 indices into t; logits only there (prefill needs just the last one).
@@ -275,13 +270,18 @@ def forward(params: Params, config: LlamaConfig, tokens: jax.Array, positions: j
   b, t = tokens.shape
   mask = causal_mask(b, t) if mask is None else mask
   lengths = None if cache is None else cache.lengths
-  if cache is not None:
+  # The kernel takes the block's own [b, t, t] mask; a wider one (a drafter feeding a tree level
+  # over nodes already cached) goes through the jnp path.
+  block_mask = None
+  if cache is not None and config.attention_impl != "xla" and mask.shape[-1] == t:
+    block_mask, mask = mask, None
+  elif cache is not None:
     mask = cache.attention_mask(mask)  # [b, t, s]
   collect = any(0 < (i % (config.n_layers + 1)) < config.n_layers for i in hidden_layers)
   top = Embedder(config)
   top_params = {"params": {k: v for k, v in params.items() if k != "layers"}}
   embedded = top.apply(top_params, tokens, method=Embedder.encode)
-  ctx = (*rope_tables(config, positions), lengths, mask)
+  ctx = (*rope_tables(config, positions), lengths, mask, block_mask)
   x, new_kv, layer_out = _run_layers(config, params["layers"], embedded, cache, ctx, collect,
                                      layer_mask)
   logits, final = top.apply(top_params, x, logits_at, method=Embedder.decode)

@@ -44,22 +44,16 @@ def _describe(drafter, config) -> str:
   return repr(drafter)
 
 
-def _build_drafters(model, names, k, calibration, skip) -> tuple[dict, dict, dict]:
-  """name -> (drafter, params) and name -> description; a drafter that cannot be built is
-  reported and skipped (name -> why), so the other rows still run."""
-  built, about, skipped = {}, {}, {}
+def _build_drafters(model, names, k, calibration, skip) -> tuple[dict, dict]:
+  """name -> (drafter, params) and name -> description."""
+  built, about = {}, {}
   for name in names:
     t = time.perf_counter()
-    try:
-      built[name] = registry.make(name, model.params, model.config, k=k, calibration=calibration,
-                                  skip=skip if name == "layer-skip" else None)
-    except Exception as e:  # e.g. drafters/layer_skip_search.py not importable yet
-      skipped[name] = f"{type(e).__name__}: {e}"
-      print(f"{name}: skipped ({skipped[name]})", flush=True)
-      continue
+    built[name] = registry.make(name, model.params, model.config, k=k, calibration=calibration,
+                                skip=skip if name == "layer-skip" else None)
     about[name] = _describe(built[name][0], model.config)
     print(f"{name}: built in {time.perf_counter() - t:.1f} s; {about[name]}", flush=True)
-  return built, about, skipped
+  return built, about
 
 
 def _hf_pld(hf, batch, n: int, k: int, calls: list) -> tuple[float, list[list[int]], int]:
@@ -204,8 +198,7 @@ def main():
   encode = lambda texts: [tok.encode(tok.chat_prompt(p)) for p in texts]
   prompts, calibration = encode(humaneval_prompts(args.prompts)), encode(humaneval_prompts(4))
   skip = None if args.skip_layers is None else tuple(int(x) for x in args.skip_layers.split(","))
-  drafters, about, skipped = _build_drafters(model, args.drafters.split(","), args.k, calibration,
-                                             skip)
+  drafters, about = _build_drafters(model, args.drafters.split(","), args.k, calibration, skip)
   hf, calls = hf_model(), []
   hf.register_forward_hook(lambda *_: calls.append(1))
   hf_limit = _hf_batch_limit(hf, prompts, args.k, calls)
@@ -217,14 +210,14 @@ def main():
   print(f"\n{settings}; {machine()}")
   print(f"transformers prompt lookup: batch 1 only ({hf_limit})" if hf_limit else
         "transformers prompt lookup: run at every batch size")
-  for name, text in [*about.items(), *((n, f"not run ({w})") for n, w in skipped.items())]:
+  for name, text in about.items():
     print(f"{name}: {text}")
   print("same tokens: vs our autoregressive at the same batch (autoregressive and transformers rows: "
         "vs ours at batch 1); flips: p<prompt>@<first differing position>\n")
   _print_table(rows)
   RESULTS.parent.mkdir(parents=True, exist_ok=True)
   RESULTS.write_text(json.dumps(dict(settings=settings, machine=machine(), args=vars(args),
-                                     hf_batch_limit=hf_limit, drafters=about, skipped=skipped,
+                                     hf_batch_limit=hf_limit, drafters=about,
                                      rows=rows), indent=1))
   print(f"\nwrote {RESULTS}; total run time {time.perf_counter() - t_start:.0f} s")
 

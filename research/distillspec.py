@@ -50,6 +50,8 @@ def main():
   ap.add_argument("--prompts", type=int, default=8, help="held-out HumanEval prompts to decode")
   ap.add_argument("--new-tokens", type=int, default=64)
   ap.add_argument("-k", type=int, default=4)
+  ap.add_argument("--divergences", default=",".join(name for name, _ in DIVERGENCES),
+                  help="comma-separated subset of the divergences to train")
   ap.add_argument("--out-dir", default="runs/distillspec")
   args = ap.parse_args()
 
@@ -59,11 +61,14 @@ def main():
   base = dataclasses.replace(
       EXPERIMENT, out_dir=args.out_dir, teacher_dir=f"{args.out_dir}/teacher",
       data=dataclasses.replace(EXPERIMENT.data, rows=args.rows),
-      distill=dataclasses.replace(EXPERIMENT.distill, optim=dataclasses.replace(
-          EXPERIMENT.distill.optim, total_steps=args.steps,
-          warmup_steps=min(EXPERIMENT.distill.optim.warmup_steps, args.steps))))
+      distill=dataclasses.replace(EXPERIMENT.distill,
+                                  optim=EXPERIMENT.distill.optim.with_total_steps(args.steps)))
   rows, records = [], []
-  for name, options in DIVERGENCES:
+  chosen = args.divergences.split(",")
+  unknown = sorted(set(chosen) - {name for name, _ in DIVERGENCES})
+  if unknown:
+    raise SystemExit(f"unknown divergences {unknown}; choose from {[n for n, _ in DIVERGENCES]}")
+  for name, options in [d for d in DIVERGENCES if d[0] in chosen]:
     exp = dataclasses.replace(base, name=f"distill-{name}", distill=dataclasses.replace(
         base.distill, divergence=name, divergence_options=options))
     result = run(exp)

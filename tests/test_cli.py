@@ -10,7 +10,7 @@ def test_help_explains_every_flag(capsys):
   text = capsys.readouterr().out
   for flag in ["--model", "--prompt", "--humaneval", "--raw", "--max-new-tokens", "--temperature",
                "--top-k", "--top-p", "--seed", "--drafter", "-k", "--skip", "--draft-model",
-               "--draft-layers", "--mesh"]:
+               "--draft-layers", "--tree", "--mesh"]:
     assert f"  {flag} " in text or f"  {flag}\n" in text, flag
 
 
@@ -20,6 +20,8 @@ def test_help_explains_every_flag(capsys):
     (["--model", "no-such-model"], "no-such-model"),
     (["--temperature", "-1"], "temperature must be a finite number >= 0, got -1.0"),
     (["--top-p", "0"], r"top_p must be in (0, 1], got 0.0"),
+    (["--tree", "full:2,0"], "tree must be 'chain', 'full:B1,B2,...'"),
+    (["--tree", "dynamic:4,0,2"], "DynamicTree depth must be >= 1, got 0"),
 ])
 def test_bad_flags_exit_with_a_clear_error(capsys, argv, message):
   assert main(["generate", *argv]) == 2
@@ -28,7 +30,7 @@ def test_bad_flags_exit_with_a_clear_error(capsys, argv, message):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["none", "prompt-lookup"])
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "token-recycling"])
 def test_generate_chat_prompt_on_smollm2(capsys, drafter):
   assert main(["generate", "--prompt", "What is the capital of France?", "--max-new-tokens", "8",
                "--drafter", drafter]) == 0

@@ -37,7 +37,7 @@ def _train(setup, cfg, steps=None, state=None, **kw):
   _, _, draft_cfg, draft, tokens, teacher = setup
   state = state if state is not None else sharded_init(draft, draft_cfg, cfg, kw.get("mesh"))
   if steps is not None:
-    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, total_steps=steps))
+    cfg = dataclasses.replace(cfg, optim=cfg.optim.with_total_steps(steps))
   return fit(state, draft_cfg, cfg, tokens, teacher, **kw)
 
 
@@ -142,6 +142,8 @@ def test_bad_training_config():
     DistillConfig(divergence="kl-ish")
   with pytest.raises(ValueError, match="learning_rate must be a positive number, got -0.001"):
     OptimConfig(learning_rate=-1e-3)
+  with pytest.raises(ValueError, match=r"warmup_steps must be in \[0, total_steps=5\), got 5"):
+    OptimConfig(warmup_steps=5, total_steps=5)
   with pytest.raises(ValueError, match="on_policy_fraction must be in"):
     DistillConfig(on_policy_fraction=1.5)
 

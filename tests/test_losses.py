@@ -238,8 +238,8 @@ def _tvd_pp_grads(teacher_logp, student_logits, mask, key, n):
   pp = grad(lambda s: losses.tvd_plus_plus(teacher_logp, s, mask, key=key, n_samples=n))
   plain = grad(lambda s: losses.tvd_plus_plus(teacher_logp, s, mask, key=key, n_samples=n,
                                               normalize=False))
-  samples = jax.random.categorical(key, student_logits[..., None, :], axis=-1,
-                                   shape=(*student_logits.shape[:-1], n))
+  valid = (mask > 0)[..., None]
+  samples = losses.student_samples(key, jnp.where(valid, student_logits, 0.0), n)
   pair = (losses.tvd_plus_plus(teacher_logp, student_logits, mask, key=key, n_samples=n),
           losses.tvd_plus_plus_from_samples(teacher_logp, student_logits, samples, mask))
   return exact, pp, plain, pair

@@ -1,11 +1,13 @@
 """Speculative sampling follows the target's distribution exactly (first and second tokens).
 
 Many copies of one prompt run as one batch (rows draw independent randoms), with a draft model
-whose distribution differs from the target's. The exact target law comes from the target's own
-logits: p(x) after the prompt and p(y | x) after prompt + x, through the same sampling transform.
-A planted verifier that skips the residual resampling must fail the same bound.
+whose distribution differs from the target's, drafting a chain, a static tree whose siblings are
+drawn without replacement, or a dynamic tree of deterministic top candidates. The exact target
+law comes from the target's own logits: p(x) after the prompt and p(y | x) after prompt + x,
+through the same sampling transform. Planted verifiers (one that skips the residual resampling,
+one that treats siblings drawn without replacement as i.i.d.) must fail the same bound.
 """
-import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +17,9 @@ import pytest
 from configs.models import LlamaConfig
 from decode import verify
 from decode.sampling import SamplingConfig, probs
-from decode.speculative import SpecConfig, spec_loop, speculative_generate
+from decode import speculative, verify_tree
+from decode.speculative import SpecConfig, speculative_generate
+from decode.trees import DynamicTree, StaticTree
 from drafters.draft_model import DraftModel
 from models import llama
 
@@ -49,8 +53,12 @@ def _tv(samples, exact):
   return 0.5 * np.abs(freq - exact).sum()
 
 
-def _run(target, draft, sampling, seed):
-  out = speculative_generate(target, CFG, [PROMPT] * ROWS, DraftModel(CFG),
+DRAFTERS = {"chain": DraftModel(CFG), "static-tree": DraftModel(CFG, StaticTree.full((3, 2))),
+            "dynamic-tree": DraftModel(CFG, DynamicTree(width=3, depth=2, children=3))}
+
+
+def _run(target, draft, sampling, seed, drafter=DRAFTERS["chain"]):
+  out = speculative_generate(target, CFG, [PROMPT] * ROWS, drafter,
                              SpecConfig(k=3, max_new_tokens=2, sampling=sampling),
                              drafter_params=draft, key=jax.random.key(seed))
   toks = np.array(out.tokens)
@@ -63,11 +71,12 @@ SETTINGS = [SamplingConfig(temperature=0.7), SamplingConfig(temperature=1.0),
             SamplingConfig(temperature=1.0, top_p=0.9)]
 
 
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
 @pytest.mark.parametrize("sampling", SETTINGS, ids=["t0.7", "t1.0", "top_p0.9"])
-def test_first_and_second_tokens_follow_target(models, sampling):
+def test_first_and_second_tokens_follow_target(models, sampling, drafter):
   target, draft = models
   p1, p2 = _exact(target, sampling)
-  first, second = _run(target, draft, sampling, seed=0)
+  first, second = _run(target, draft, sampling, seed=0, drafter=DRAFTERS[drafter])
   assert _tv(first, p1) < BOUND and _tv(second, p2) < BOUND
   assert np.all(p1[first] > 0) and np.all(p2[second] > 0)  # nothing outside top-p
 
@@ -81,6 +90,22 @@ def test_planted_verifier_without_residual_fails(models, monkeypatch):
   jax.clear_caches()
   try:
     first, second = _run(target, draft, sampling, seed=0)
+  finally:
+    monkeypatch.undo()
+    jax.clear_caches()
+  assert max(_tv(first, p1), _tv(second, p2)) > BOUND
+
+
+def test_planted_tree_verifier_with_replacement_fails(models, monkeypatch):
+  """Siblings drawn without replacement, verified as if i.i.d. (q not reduced): biased."""
+  target, draft = models
+  sampling = SamplingConfig(temperature=1.0)
+  p1, p2 = _exact(target, sampling)
+  monkeypatch.setattr(speculative, "verify_tree",
+                      functools.partial(verify_tree.verify_tree, without_replacement=False))
+  jax.clear_caches()
+  try:
+    first, second = _run(target, draft, sampling, seed=0, drafter=DRAFTERS["static-tree"])
   finally:
     monkeypatch.undo()
     jax.clear_caches()

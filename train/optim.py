@@ -22,12 +22,17 @@ class OptimConfig:
     for name in ("total_steps", "accum_steps"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-    if not 0 <= self.warmup_steps <= self.total_steps:
-      raise ValueError(f"warmup_steps must be in [0, total_steps={self.total_steps}], "
+    if not 0 <= self.warmup_steps < self.total_steps:  # the cosine needs >= 1 decay step
+      raise ValueError(f"warmup_steps must be in [0, total_steps={self.total_steps}), "
                        f"got {self.warmup_steps}")
     if self.weight_decay < 0 or self.grad_clip < 0:
       raise ValueError(f"weight_decay and grad_clip must be >= 0, got {self.weight_decay}, "
                        f"{self.grad_clip}")
+
+  def with_total_steps(self, total_steps: int) -> OptimConfig:
+    """The same settings over another budget (warmup shortened if it would not fit)."""
+    return dataclasses.replace(self, total_steps=total_steps,
+                               warmup_steps=min(self.warmup_steps, max(total_steps - 1, 0)))
 
   def schedule(self) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(0.0, self.learning_rate, self.warmup_steps,

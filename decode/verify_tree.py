@@ -1,0 +1,113 @@
+"""Tree verification: which root-to-node path of a drafted tree the target keeps, and its next token.
+
+Greedy: a node is accepted when its token is the target's argmax at its parent and its parent is
+accepted; the deepest accepted node (first in node order on ties) ends the path, and the target's
+argmax there is the next token. Output is token for token the target's greedy output.
+
+Sampling: recursive rejection sampling down the tree (SpecInfer, Miao et al. 2024; Recursive
+Speculative Decoding, Jeon et al. 2024). At node u with target law p, try u's children in order:
+child x drawn from q is kept with probability min(1, p(x) / q(x)); on rejection p becomes
+normalize(max(0, p - q)) and the next sibling is tried. Siblings drawn *without replacement*
+(the default) were drawn from q with the earlier siblings removed, so q loses x before the next
+try; siblings drawn *with replacement* (i.i.d. from q) keep q. A deterministic drafter's child is
+a draw from the point mass on its token (q one-hot). When a child is kept the walk moves to it;
+when all are rejected, or u is a leaf, the next token is drawn from the current p. Every emitted
+token then follows the target's sampling distribution exactly.
+
+Dims: b batch, n draft nodes (node 0 is the root), v vocab, c children per node, d depth.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from decode.sampling import SamplingConfig, probs
+from decode.trees import children_table, depths, path_to
+from decode.verify import _accept, _inverse_cdf, _residual
+
+
+def verify_tree(
+    key: jax.Array,
+    target_logits: jax.Array,  # [b, n + 1, v] at each node: the target's next-token logits
+    tokens: jax.Array,  # [b, n + 1] int32 node tokens (0: the root)
+    parents: jax.Array,  # [b, n + 1] int32 (root -1), parents before children
+    draft_probs: jax.Array | None,  # [b, n, v] law nodes 1..n were drawn from; None: one-hot
+    sampling: SamplingConfig,
+    depth: int,
+    max_children: int,
+    without_replacement: bool = True,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Returns (path [b, depth + 1] node indices from the root, n_accepted [b], next_token [b]).
+
+  path[:, :n_accepted + 1] is the kept path (path[:, 0] is the root); entries past it repeat
+  its last node. draft_probs[:, i - 1] is the law node i was drawn from before its earlier
+  siblings were removed (the drafter's q at node i's parent, after `sampling`).
+  """
+  _check_shapes(target_logits, tokens, parents, draft_probs, sampling)
+  if sampling.greedy:
+    node = _greedy_node(target_logits, tokens, parents, depth)
+    best = jnp.argmax(target_logits, -1).astype(jnp.int32)  # [b, n + 1]
+    nxt = jnp.take_along_axis(best, node[:, None], 1)[:, 0]
+  else:
+    node, nxt = _sampled_walk(key, target_logits, tokens, parents, draft_probs, sampling, depth,
+                              max_children, without_replacement)
+  n_acc = jnp.take_along_axis(depths(parents, depth), node[:, None], 1)[:, 0]
+  return path_to(node, parents, depth), n_acc, nxt
+
+
+def _check_shapes(target_logits, tokens, parents, draft_probs, sampling) -> None:
+  b, n1, v = target_logits.shape
+  if tokens.shape != (b, n1) or parents.shape != (b, n1):
+    raise ValueError(f"tokens and parents must be [b, n + 1] = {(b, n1)} to match target_logits "
+                     f"{target_logits.shape}, got {tokens.shape} and {parents.shape}")
+  sampling.check_vocab(v)
+  if not sampling.greedy and draft_probs is not None and draft_probs.shape != (b, n1 - 1, v):
+    raise ValueError(f"draft_probs must be [b, n, v] = {(b, n1 - 1, v)}, got {draft_probs.shape}")
+
+
+def _greedy_node(target_logits, tokens, parents, depth):
+  """The deepest node whose whole path matches the target's argmax (first on ties) -> [b]."""
+  best = jnp.argmax(target_logits, -1).astype(jnp.int32)  # [b, n + 1]
+  safe = jnp.maximum(parents, 0)
+  match = (tokens == jnp.take_along_axis(best, safe, 1)) | (parents < 0)  # root always kept
+  ok = match
+  for _ in range(depth):  # kept = matches and parent kept, settled one level per round
+    ok = match & jnp.take_along_axis(ok, safe, 1)
+  d = jnp.where(ok, depths(parents, depth), -1)
+  return jnp.argmax(d, 1).astype(jnp.int32)  # argmax takes the first of equal maxima
+
+
+def _sampled_walk(key, target_logits, tokens, parents, draft_probs, sampling, depth,
+                  max_children, without_replacement):
+  b, n1, v = target_logits.shape
+  rows = jnp.arange(b)
+  p_all = probs(target_logits, sampling)  # [b, n + 1, v]
+  kids = children_table(parents, max_children)  # [b, n + 1, c]
+  u = jax.random.uniform(key, (b, depth * max_children + 1))  # one per sibling try, + the draw
+  u_try, u_next = u[:, :-1], u[:, -1]
+  node = jnp.zeros((b,), jnp.int32)
+  p = p_all[:, 0]  # [b, v] the current node's target law, minus rejected siblings' q
+  stopped = jnp.zeros((b,), bool)
+  for d in range(depth):
+    first = jnp.maximum(kids[rows, node, 0] - 1, 0)  # row of node's first child in draft_probs
+    q = None if draft_probs is None else draft_probs[rows, first].astype(jnp.float32)  # [b, v]
+    moved = jnp.zeros((b,), bool)
+    for r in range(max_children):
+      child = kids[rows, node, r]  # [b]
+      x = tokens[rows, jnp.maximum(child, 0)]
+      live = (child >= 0) & ~stopped & ~moved
+      q_try = jax.nn.one_hot(x, v, dtype=jnp.float32) if q is None else q
+      qx = q_try[rows, x]
+      if q is not None:  # a sibling from an exhausted law (no mass left) was never a real draw
+        live &= qx > 0
+      keep = live & _accept(u_try[:, d * max_children + r], p[rows, x], qx)
+      drop = live & ~keep
+      p = jnp.where(keep[:, None], p_all[rows, jnp.maximum(child, 0)],
+                    jnp.where(drop[:, None], _residual(p, q_try), p))
+      if q is not None and without_replacement:
+        q_less = q.at[rows, x].set(0.0)
+        q = jnp.where(drop[:, None], q_less / jnp.maximum(q_less.sum(-1, keepdims=True), 1e-30), q)
+      node = jnp.where(keep, child, node)
+      moved |= keep
+    stopped |= ~moved
+  return node, _inverse_cdf(u_next, p)

@@ -1,0 +1,80 @@
+"""Tree drafting with a model forward, level by level: shared by the draft-model and layer-skip drafters.
+
+The root (the pending token) is fed at its slot, then each level's nodes are fed as one block of
+width w_d whose mask covers the tree nodes already in the cache (ancestors only), so node i sits
+at slot root + i and depth d feeds at position root + d. A level's children come from the
+logits of the level before: a static tree picks fixed (parent, rank) pairs of each parent's
+candidates; a dynamic tree keeps the `width` children with the largest product of draft
+probabilities along their path (EAGLE-2 style), always deterministic top candidates so the tree
+is a function of the context alone (verification then treats each node as a one-hot draw).
+Static trees under sampling draw each parent's candidates without replacement from q.
+
+Dims: b batch, w level width, c candidates per node, n nodes, v vocab.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs.models import LlamaConfig
+from decode.sampling import SamplingConfig, candidates
+from decode.trees import StaticTree, Tree, ancestor_mask
+from models import llama
+from models.kvcache import KVCache
+
+
+def draft_tree(params, config: LlamaConfig, cache: KVCache, last: jax.Array, key: jax.Array,
+               tree: Tree, sampling: SamplingConfig, feed_leaves: bool = False):
+  """Drafts one tree per row after `last` [b]; the cache holds every token before it.
+
+  Returns tokens [b, n] int32, q [b, n, v] (None when deterministic), parents [b, n + 1] int32
+  and the cache with the root and every fed level written at slots root + node (lengths back at
+  the root's slot). feed_leaves also feeds the last level, so a drafter with its own cache has
+  every node's K/V whichever path the target keeps.
+  """
+  b = last.shape[0]
+  root = cache.lengths  # [b] the root's slot
+  logits, _, cache = llama.forward(params, config, last[:, None], root[:, None], cache)
+  tokens, parents, q_rows = [last[:, None]], [jnp.full((b, 1), -1, jnp.int32)], []
+  score = jnp.zeros((b, 1), jnp.float32)  # log draft probability of each node of the last level
+  start, keys = 0, jax.random.split(key, len(tree.levels))
+  for d, width in enumerate(tree.levels, 1):
+    prev = logits.shape[1]
+    if isinstance(tree, StaticTree):
+      cand, q = candidates(keys[d - 1], logits, sampling, tree.max_children)  # [b, prev, c]
+      local, rank = _static_level(tree, d, start)
+      local, rank = jnp.broadcast_to(local, (b, width)), jnp.broadcast_to(rank, (b, width))
+    else:
+      cand, q = candidates(keys[d - 1], logits, SamplingConfig(), tree.children)
+      logp = jax.nn.log_softmax(logits, -1)  # [b, prev, v]
+      path_score = score[:, :, None] + jnp.take_along_axis(logp, cand, -1)  # [b, prev, c]
+      score, flat = jax.lax.top_k(path_score.reshape(b, -1), width)  # [b, w]
+      local, rank = flat // tree.children, flat % tree.children
+    level = jnp.take_along_axis(cand.reshape(b, -1), local * cand.shape[-1] + rank, 1)  # [b, w]
+    tokens.append(level)
+    parents.append((start + local).astype(jnp.int32))
+    if q is not None:
+      q_rows.append(jnp.take_along_axis(q, local[..., None], 1))  # [b, w, v]
+    start += prev
+    if d < tree.depth or feed_leaves:
+      all_parents = jnp.concatenate(parents, 1)  # [b, nodes so far]
+      mask = ancestor_mask(all_parents, d)[:, -width:]  # [b, w, nodes so far]
+      logits, _, cache = llama.forward(params, config, level, (root + d)[:, None] + jnp.zeros(
+          (1, width), jnp.int32), cache, mask)
+  q = jnp.concatenate(q_rows, 1) if q_rows else None
+  return (jnp.concatenate(tokens[1:], 1), q, jnp.concatenate(parents, 1),
+          cache.with_lengths(root))
+
+
+def _static_level(tree: StaticTree, d: int, start: int) -> tuple[np.ndarray, np.ndarray]:
+  """Depth d of a static tree: each node's parent (index within level d - 1) and rank."""
+  nodes = np.flatnonzero(tree.node_depths == d)
+  return tree.parents[nodes] - start, tree.ranks[nodes]
+
+
+def check_tree(tree: Tree | None, vocab_size: int) -> None:
+  """Host-side: a tree's candidates per node must fit in the vocabulary."""
+  if tree is not None and tree.max_children > vocab_size:
+    raise ValueError(f"tree asks {tree.max_children} candidates per node, more than the "
+                     f"vocabulary size {vocab_size}")

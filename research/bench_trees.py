@@ -1,0 +1,139 @@
+"""Trees vs chains: each tree-capable drafter as a chain, a static tree and a dynamic tree, plus
+Token Recycling and prompt lookup, on SmolLM2-135M, greedy and at temperature 1.
+
+Prompts are HumanEval prompts after the first 4 (those calibrate the layer-skip search), decoded
+one at a time (batch 1), exactly N new tokens (EOS off); compile time is measured apart. Reports
+tau, acceptance by depth, tokens/s, speedup over our autoregressive decoding at the same
+temperature, speedup/tau and the drafter's extra memory (its own params and state). Writes
+results/bench_trees.json and results/bench_trees.png (tau against speedup).
+
+  .venv/bin/python -m research.bench_trees [--prompts 8] [--new-tokens 64] [-k 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import jax
+import numpy as np
+
+from decode.generate import GenerateConfig, generate
+from decode.sampling import SamplingConfig
+from decode.speculative import SpecConfig, speculative_generate
+from decode.trees import DynamicTree, StaticTree
+from drafters import registry
+from drafters.token_recycling import DEFAULT_TREE
+from models.assets import humaneval_prompts
+from models.load import load
+from research.common import machine, table
+
+RESULTS = pathlib.Path("results/bench_trees.json")
+STATIC = StaticTree.full((3, 2, 1, 1))  # 3 + 6 + 6 + 6 = 21 nodes, depth 4
+DYNAMIC = DynamicTree(width=4, depth=5, children=4)  # 20 nodes, depth 5
+
+
+def _nbytes(tree) -> int:
+  return sum(x.nbytes for x in jax.tree.leaves(tree) if hasattr(x, "nbytes"))
+
+
+def _methods(model, args):
+  """name -> (drafter, params, extra memory bytes); None drafter = autoregressive."""
+  cfg, params = model.config, model.params
+  skip = tuple(int(x) for x in args.skip_layers.split(","))
+  methods = {"autoregressive": (None, None, 0),
+             "prompt-lookup chain": (*registry.make("prompt-lookup", params, cfg), 0)}
+  tr = registry.make("token-recycling", params, cfg)[0]
+  methods[f"token-recycling static {tr.tree.n_nodes}"] = (
+      tr, None, cfg.vocab_size * tr.tree.max_children * 4)
+  for tree_name, tree in [("chain", None), (f"static {STATIC.n_nodes}", STATIC),
+                          (f"dynamic {DYNAMIC.n_nodes}", DYNAMIC)]:
+    d, _ = registry.make("layer-skip", params, cfg, k=args.k, skip=skip, tree=tree)
+    methods[f"layer-skip {tree_name}"] = (d, None, 0)
+    d, dp = registry.make("draft-model", params, cfg, k=args.k, draft_layers=args.draft_layers,
+                          tree=tree)
+    methods[f"draft-model {tree_name}"] = (d, dp, _nbytes(dp))
+  return methods
+
+
+def _run(model, prompts, drafter, dparams, args, sampling):
+  """Totals over the prompts decoded one by one: (tokens/s, tau, acceptance, compile s)."""
+  wall = tokens = row_steps = step_tokens = compile_s = 0
+  accepted = 0
+  for i, prompt in enumerate(prompts):
+    key = jax.random.key(i)
+    if drafter is None:
+      out = generate(model.params, model.config, [prompt],
+                     GenerateConfig(max_new_tokens=args.new_tokens, sampling=sampling), key,
+                     warmup=i == 0)
+    else:
+      out = speculative_generate(model.params, model.config, [prompt], drafter,
+                                 SpecConfig(k=args.k, max_new_tokens=args.new_tokens,
+                                            sampling=sampling),
+                                 drafter_params=dparams, key=key, warmup=i == 0)
+      row_steps, step_tokens = row_steps + out.row_steps, step_tokens + out.step_tokens
+      accepted = accepted + out.accepted_at
+    wall, tokens, compile_s = wall + out.wall_s, tokens + out.new_tokens, compile_s + out.compile_s
+  tau = step_tokens / row_steps if row_steps else 1.0
+  acceptance = (np.asarray(accepted) / max(row_steps, 1)).tolist() if row_steps else []
+  return tokens / wall, tau, acceptance, compile_s
+
+
+def _plot(rows, path):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+  for ax, temp in zip(axes, ("greedy", "t=1")):
+    for r in (r for r in rows if r["sampling"] == temp and r["method"] != "autoregressive"):
+      ax.scatter(r["tau"], r["speedup"])
+      ax.annotate(r["method"], (r["tau"], r["speedup"]), fontsize=7)
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set(title=f"SmolLM2-135M, {temp}", xlabel="tau (tokens per target forward)")
+  axes[0].set_ylabel("speedup over autoregressive")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--prompts", type=int, default=8, help="HumanEval prompts after the first 4")
+  ap.add_argument("--new-tokens", type=int, default=64)
+  ap.add_argument("-k", type=int, default=5, help="chain drafters' draft length")
+  ap.add_argument("--skip-layers", default="14", help="layer-skip drafter's skipped layers")
+  ap.add_argument("--draft-layers", type=int, default=4,
+                  help="draft model: the target's first layers (an untrained cut)")
+  args = ap.parse_args()
+
+  model = load("smollm2-135m")
+  tok = model.tokenizer
+  prompts = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(4 + args.prompts)[4:]]
+  methods = _methods(model, args)
+  rows = []
+  for temp, sampling in (("greedy", SamplingConfig()), ("t=1", SamplingConfig(temperature=1.0))):
+    base = None
+    for name, (drafter, dparams, memory) in methods.items():
+      tok_s, tau, acceptance, compile_s = _run(model, prompts, drafter, dparams, args, sampling)
+      base = base or tok_s
+      rows.append(dict(method=name, sampling=temp, tau=tau, acceptance=acceptance,
+                       tokens_per_s=tok_s, speedup=tok_s / base, speedup_per_tau=tok_s / base / tau,
+                       memory_mb=memory / 2 ** 20, compile_s=compile_s))
+      print(f"{temp} {name}: tau {tau:.2f}, {tok_s:.1f} tok/s, x{tok_s / base:.2f}", flush=True)
+  print(f"\nSmolLM2-135M fp32, batch 1, {args.new_tokens} new tokens (EOS off), HumanEval prompts "
+        f"5..{4 + args.prompts} (chat); chains k={args.k}; layer-skip skips {args.skip_layers}; "
+        f"draft model = the target's first {args.draft_layers} layers, untrained; static tree "
+        f"{STATIC.levels} per level, dynamic tree {DYNAMIC}; token recycling template "
+        f"{DEFAULT_TREE.levels} per level; {machine()}\n")
+  acc = lambda a: " ".join(f"{x:.2f}" for x in a) or "-"
+  print(table(["sampling", "method", "tau", "acceptance by depth", "tok/s", "x AR", "speedup/tau",
+               "drafter MB", "compile s"],
+              [[r["sampling"], r["method"], r["tau"], acc(r["acceptance"]), r["tokens_per_s"],
+                r["speedup"], r["speedup_per_tau"], r["memory_mb"], r["compile_s"]] for r in rows]))
+  RESULTS.parent.mkdir(parents=True, exist_ok=True)
+  RESULTS.write_text(json.dumps(dict(machine=machine(), args=vars(args), rows=rows), indent=1))
+  _plot(rows, RESULTS.with_suffix(".png"))
+  print(f"\nwrote {RESULTS} and {RESULTS.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+  main()

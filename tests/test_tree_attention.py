@@ -1,0 +1,173 @@
+"""Tree-verify attention kernel (Pallas, interpret mode on CPU) against its jnp reference.
+
+Each distinct shape compiles the interpreted kernel once (~1.5 s here), so the cases are a chosen
+list of shapes rather than a full product; tree kinds and lengths vary within one compile.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models.kernels.tree_attention import BlockSizes, tree_attention, tree_attention_reference
+
+ATOL = 1e-5
+
+# (b, t, kv heads, g, q, s, block_kv)
+SHAPES = [
+    (1, 1, 1, 1, 8, 32, 16),  # root only, plain multi-head
+    (3, 4, 2, 3, 16, 64, 32),
+    (3, 7, 1, 4, 8, 64, 16),
+    (1, 7, 2, 1, 16, 32, 32),  # one block covers the whole cache
+    (3, 1, 3, 4, 16, 32, 16),  # root only, GQA
+    (3, 7, 2, 3, 8, 32, 16),  # t * g = 21 rows: padded to 32
+]
+
+
+def chain_mask(t: int) -> np.ndarray:
+  return np.tril(np.ones((t, t), bool))
+
+
+def tree_from_parents(parents: np.ndarray) -> np.ndarray:
+  """[t, t] ancestor-or-self mask; parents[0] is ignored (root), parents[i] < i otherwise."""
+  t = len(parents)
+  mask = np.eye(t, dtype=bool)
+  for i in range(1, t):
+    mask[i] |= mask[parents[i]]
+  return mask
+
+
+def random_tree(rng: np.random.Generator, t: int) -> np.ndarray:
+  parents = np.array([0] + [rng.integers(0, i) for i in range(1, t)])
+  return tree_from_parents(parents)
+
+
+def star_tree(t: int) -> np.ndarray:
+  return tree_from_parents(np.zeros(t, int))
+
+
+TREES = {
+    "chain": lambda rng, t: chain_mask(t),
+    "random": random_tree,
+    "star": lambda rng, t: star_tree(t),
+}
+
+
+def make_inputs(seed: int, b: int, t: int, kh: int, g: int, dq: int, s: int,
+                dtype=jnp.float32):
+  """q [b, t, h, q]; k, v [b, k, s, q], standard normal (numpy: no compile per shape)."""
+  rng = np.random.default_rng(seed)
+  shapes = ((b, t, kh * g, dq), (b, kh, s, dq), (b, kh, s, dq))
+  return tuple(jnp.asarray(rng.standard_normal(x, np.float32), dtype) for x in shapes)
+
+
+def ragged_lengths(rng: np.random.Generator, b: int, t: int, s: int) -> jnp.ndarray:
+  """b=1: the block ends exactly at s; b=3: [0, random, s - t]."""
+  if b == 1:
+    return jnp.array([s - t], jnp.int32)
+  return jnp.array([0, rng.integers(1, s - t), s - t][:b], jnp.int32)
+
+
+reference = jax.jit(tree_attention_reference)  # one compile per shape instead of op by op
+
+
+def kernel(q, k, v, lengths, tree_mask, block_kv):
+  return tree_attention(q, k, v, lengths, tree_mask, block_sizes=BlockSizes(block_kv),
+                        interpret=True)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_t{}_k{}_g{}_q{}_s{}_bkv{}".format(*s))
+def test_matches_reference(shape):
+  b, t, kh, g, dq, s, block_kv = shape
+  q, k, v = make_inputs(0, b, t, kh, g, dq, s)
+  rng = np.random.default_rng(sum(shape))
+  for name, make_tree in TREES.items():  # same shapes: one compile for all tree kinds
+    tree = jnp.asarray(np.stack([make_tree(rng, t) for _ in range(b)]))
+    lengths = ragged_lengths(rng, b, t, s)
+    got = kernel(q, k, v, lengths, tree, block_kv)
+    want = reference(q, k, v, lengths, tree)
+    assert got.shape == q.shape and got.dtype == q.dtype
+    np.testing.assert_allclose(got, want, atol=ATOL, rtol=0, err_msg=f"tree={name}")
+
+
+def test_length_sweep_across_block_boundaries():
+  """Lengths at, just before and just after block boundaries, in one batch (one compile)."""
+  t, kh, g, dq, s, block_kv = 5, 2, 2, 8, 64, 16
+  lengths = jnp.array([0, 1, 11, 15, 16, 17, 32, 43, 48, s - t], jnp.int32)
+  b = lengths.shape[0]
+  q, k, v = make_inputs(1, b, t, kh, g, dq, s)
+  rng = np.random.default_rng(1)
+  tree = jnp.asarray(np.stack([random_tree(rng, t) for _ in range(b)]))
+  got = kernel(q, k, v, lengths, tree, block_kv)
+  np.testing.assert_allclose(got, reference(q, k, v, lengths, tree), atol=ATOL,
+                             rtol=0)
+
+
+jitted_kernel = jax.jit(kernel, static_argnames="block_kv")
+
+
+@pytest.mark.parametrize("garbage", [1e30, -1e30, np.inf, np.nan])
+def test_stale_slots_do_not_leak(garbage):
+  """Slots >= lengths + t may hold anything (NaN and inf included); also runs under jit."""
+  b, t, kh, g, dq, s, block_kv = 3, 4, 2, 3, 16, 64, 32
+  q, k, v = make_inputs(2, b, t, kh, g, dq, s)
+  lengths = jnp.array([0, 21, 40], jnp.int32)
+  rng = np.random.default_rng(2)
+  tree = jnp.asarray(np.stack([random_tree(rng, t) for _ in range(b)]))
+  stale = (np.arange(s)[None, :] >= (np.asarray(lengths) + t)[:, None])[:, None, :, None]
+  k_bad, v_bad = (jnp.asarray(np.where(stale, np.float32(garbage), x)) for x in (k, v))
+  want = reference(q, k, v, lengths, tree)
+  got = jitted_kernel(q, k_bad, v_bad, lengths, tree, block_kv)  # lengths traced: no value check
+  assert np.isfinite(np.asarray(got)).all()
+  np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
+
+
+def test_bfloat16_inputs():
+  b, t, kh, g, dq, s, block_kv = 3, 4, 1, 2, 16, 32, 16
+  q, k, v = make_inputs(3, b, t, kh, g, dq, s, jnp.bfloat16)
+  lengths = jnp.array([0, 9, s - t], jnp.int32)
+  tree = jnp.broadcast_to(jnp.asarray(chain_mask(t)), (b, t, t))
+  got = kernel(q, k, v, lengths, tree, block_kv)
+  assert got.dtype == jnp.bfloat16
+  want = reference(q, k, v, lengths, tree)
+  np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=1e-2, rtol=0)
+
+
+def _valid_inputs(b=2, t=3, kh=2, g=2, dq=8, s=32):
+  q, k, v = make_inputs(4, b, t, kh, g, dq, s)
+  lengths = jnp.array([0, 5][:b], jnp.int32)
+  tree = jnp.broadcast_to(jnp.asarray(chain_mask(t)), (b, t, t))
+  return q, k, v, lengths, tree
+
+
+@pytest.mark.parametrize("block_kv, match", [
+    (12, "block_kv=12 does not divide the cache length s=32"),
+    (0, "block_kv=0 must be >= 1"),
+])
+def test_bad_block_size(block_kv, match):
+  with pytest.raises(ValueError, match=match):
+    kernel(*_valid_inputs(), block_kv)
+
+
+def test_heads_not_multiple_of_kv_heads():
+  q, k, v, lengths, tree = _valid_inputs(kh=2, g=2)
+  q = q[:, :, :3]
+  with pytest.raises(ValueError, match="query heads h=3 are not a multiple of kv heads k=2"):
+    kernel(q, k, v, lengths, tree, 16)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda q, k, v, n, m: (q, k, v[:, :, :16], n, m), r"k \(2, 2, 32, 8\) and v \(2, 2, 16, 8\)"),
+    (lambda q, k, v, n, m: (q[..., :4], k, v, n, m), r"do not match q \(2, 3, 4, 4\)"),
+    (lambda q, k, v, n, m: (q, k, v, n[:1], m), r"lengths must have shape \(2,\), got \(1,\)"),
+    (lambda q, k, v, n, m: (q, k, v, n, m[:, :2]), r"tree_mask must have shape \(2, 3, 3\)"),
+    (lambda q, k, v, n, m: (q, k, v, n.astype(jnp.float32), m), "lengths must be integer"),
+    (lambda q, k, v, n, m: (q, k, v, n, m.astype(jnp.int32)), "tree_mask must be bool, got int32"),
+    (lambda q, k, v, n, m: (q.astype(jnp.int32), k, v, n, m), "q must be floating point"),
+    (lambda q, k, v, n, m: (q, k, v.astype(jnp.bfloat16), n, m), "k and v must share a dtype"),
+    (lambda q, k, v, n, m: (q, k, v, n.at[1].set(30), m), r"lengths \[30\] leave no room for t=3"),
+    (lambda q, k, v, n, m: (q, k, v, n.at[0].set(-1), m), r"lengths \[-1\]"),
+], ids=["kv_shape", "head_dim", "lengths_shape", "tree_shape", "lengths_dtype", "tree_dtype",
+        "q_dtype", "kv_dtype", "length_too_long", "length_negative"])
+def test_bad_inputs(edit, match):
+  with pytest.raises(ValueError, match=match):
+    kernel(*edit(*_valid_inputs()), 16)

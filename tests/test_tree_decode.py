@@ -1,0 +1,114 @@
+"""Tree speculative decoding is lossless: greedy output equals target-only decoding, per prompt."""
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from configs.meshes import MeshConfig
+from configs.models import get_preset
+from decode.generate import GenerateConfig, generate
+from decode.speculative import SpecConfig, speculative_generate
+from decode.trees import DynamicTree, StaticTree
+from drafters.draft_model import DraftModel
+from drafters.layer_skip import LayerSkip
+from drafters.token_recycling import TokenRecycling
+from models import llama
+
+RNG = np.random.default_rng(1)
+PROMPTS = [[1, 2, 3, 4, 1, 2, 3], list(RNG.integers(0, 256, 17)), [9] * 5, [7],
+           list(RNG.integers(0, 256, 30)), [5, 6, 5, 6, 5, 6], list(RNG.integers(0, 256, 3)),
+           [100, 3, 99, 4, 250]]
+NEW = 20
+STATIC = StaticTree.full((3, 2, 1))  # 3 + 6 + 6 nodes, depth 3
+DYNAMIC = DynamicTree(width=3, depth=3, children=3)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+  cfg, params = tiny
+  gen = GenerateConfig(max_new_tokens=NEW)
+  return [generate(params, cfg, [p], gen).tokens[0] for p in PROMPTS]
+
+
+def _drafter(tiny, name):
+  cfg, params = tiny
+  other = llama.init_params(get_preset("tiny"), jax.random.key(7))
+  return {"token-recycling": (TokenRecycling(), None),
+          "layer-skip-static": (LayerSkip.skipping(cfg.n_layers, [1], STATIC), None),
+          "draft-model-static": (DraftModel(cfg, STATIC), other),
+          "draft-model-dynamic": (DraftModel(cfg, DYNAMIC), other),
+          "draft-is-target-dynamic": (DraftModel(cfg, DYNAMIC), params)}[name]
+
+
+NAMES = ["token-recycling", "layer-skip-static", "draft-model-static", "draft-model-dynamic",
+         "draft-is-target-dynamic"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_tree_greedy_equals_target_only(tiny, reference, name, batch):
+  cfg, params = tiny
+  drafter, dparams = _drafter(tiny, name)
+  prompts, expect = (PROMPTS[:batch], reference[:batch]) if batch > 1 else (PROMPTS[4:5],
+                                                                             reference[4:5])
+  out = speculative_generate(params, cfg, prompts, drafter, SpecConfig(max_new_tokens=NEW),
+                             drafter_params=dparams)
+  assert out.tokens == expect
+  assert 1.0 <= out.tau <= drafter.tree.depth + 1
+
+
+@pytest.mark.parametrize("tree", [STATIC, DynamicTree(width=1, depth=3, children=2)],
+                         ids=["static", "dynamic-width1"])
+def test_tree_with_the_target_as_drafter_accepts_every_level(tiny, tree):
+  cfg, params = tiny
+  out = speculative_generate(params, cfg, PROMPTS[:4], DraftModel(cfg, tree),
+                             SpecConfig(max_new_tokens=17), drafter_params=params)
+  # The target's own top candidate heads every level (rank 0; a width-1 beam keeps the best
+  # path): depth 3 + bonus = 4 tokens per step, which also needs the draft cache's kept path
+  # moved right after each step. (A wider dynamic tree may rank the greedy path out.)
+  assert out.tau == 4.0
+  np.testing.assert_array_equal(out.acceptance, np.ones(3))
+
+
+def test_token_recycling_learns_repetitions(tiny, reference):
+  cfg, params = tiny
+  out = speculative_generate(params, cfg, PROMPTS, TokenRecycling(), SpecConfig(max_new_tokens=NEW))
+  assert out.tokens == reference
+  assert out.tau > 1.2  # the tiny model's output repeats, so recycled candidates hit
+
+
+@pytest.mark.parametrize("name", ["token-recycling", "draft-model-dynamic"])
+def test_tree_sharded_equals_unsharded(tiny, reference, name):
+  cfg, params = tiny
+  drafter, dparams = _drafter(tiny, name)
+  out = speculative_generate(params, cfg, PROMPTS, drafter, SpecConfig(max_new_tokens=NEW),
+                             drafter_params=dparams, mesh=MeshConfig(data=4, tensor=2))
+  assert out.tokens == reference
+
+
+def test_bad_tree_input(tiny):
+  cfg, params = tiny
+  big = StaticTree.full((4, 4, 4))  # 84 nodes
+  with pytest.raises(ValueError, match=r"\+ 85 draft slots = .* exceeds the model's max_seq_len 256"):
+    speculative_generate(params, cfg, [[1] * 100], TokenRecycling(big),
+                         SpecConfig(max_new_tokens=100))
+  with pytest.raises(ValueError, match=r"tree choice \(1, 0\) has no parent: \(1,\) is not in"):
+    StaticTree(((0,), (1, 0)))
+  with pytest.raises(ValueError, match=r"tree choice \(2,\) has no elder sibling \(1,\)"):
+    StaticTree(((0,), (2,)))
+  with pytest.raises(ValueError, match="DynamicTree width must be >= 1, got 0"):
+    DynamicTree(width=0)
+  with pytest.raises(ValueError, match="token-recycling matrix must have shape"):
+    speculative_generate(params, cfg, [[1, 2]], TokenRecycling(),
+                         drafter_params=np.zeros((5, 4), np.int32))
+
+
+def test_pallas_attention_gives_identical_tokens(tiny, reference):
+  """The model with the tree-attention kernel (interpret mode) decodes exactly like jnp attention."""
+  cfg, params = tiny
+  kernel_cfg = dataclasses.replace(cfg, attention_impl="pallas-interpret", attention_block_kv=32)
+  gen = generate(params, kernel_cfg, PROMPTS[:3], GenerateConfig(max_new_tokens=NEW))
+  tree = speculative_generate(params, kernel_cfg, PROMPTS[:3], TokenRecycling(),
+                              SpecConfig(max_new_tokens=NEW))
+  assert gen.tokens == reference[:3] and tree.tokens == reference[:3]
