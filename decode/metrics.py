@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +18,7 @@ class DecodeOutput:
   row_steps: int = 0  # verify steps summed over the sequences still active in them
   step_tokens: int = 0  # tokens those steps emitted (accepted drafts + one target token each)
   accepted_at: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))  # [k]
+  drafter_state: Any = None  # the drafter's final state (e.g. a Token Recycling matrix to reuse)
 
   @property
   def new_tokens(self) -> int:

@@ -88,10 +88,11 @@ def _verify(params, config, spec, drafter, draft, view, last, key):
   block = jnp.concatenate([last[:, None], draft.tokens], 1)  # [b, n + 1]
   root = view.lengths - 1  # [b] the pending token's slot and position
   q = draft.probs
+  layers = getattr(drafter, "hidden_layers", (-1,))  # target features the drafter reads
   if draft.parents is None:  # a chain: position i after the root, causal mask
     k = draft.tokens.shape[1]
-    logits, _, cache = llama.forward(params, config, block, root[:, None] + jnp.arange(k + 1),
-                                     view.cache)
+    logits, hidden, cache = llama.forward(params, config, block, root[:, None] + jnp.arange(k + 1),
+                                          view.cache, hidden_layers=layers)
     if q is None and not spec.sampling.greedy:  # deterministic drafter: q is one-hot
       q = jax.nn.one_hot(draft.tokens, config.vocab_size, dtype=jnp.float32)
     n_acc, nxt = verify_chain(key, logits, draft.tokens, q, spec.sampling)
@@ -101,12 +102,13 @@ def _verify(params, config, spec, drafter, draft, view, last, key):
     tree = drafter.tree
     positions = root[:, None] + trees.depths(draft.parents, tree.depth)
     mask = trees.ancestor_mask(draft.parents, tree.depth)  # [b, n + 1, n + 1]
-    logits, _, cache = llama.forward(params, config, block, positions, view.cache, mask)
+    logits, hidden, cache = llama.forward(params, config, block, positions, view.cache, mask,
+                                          hidden_layers=layers)
     path, n_acc, nxt = verify_tree(key, logits, block, draft.parents, q, spec.sampling,
                                    tree.depth, tree.max_children)
     cache = cache.gather_path(root, path)
     kept = jnp.take_along_axis(block, path[:, 1:], 1)  # [b, depth]
-  verified = Verified(block=block, logits=logits, path=path, n_accepted=n_acc)
+  verified = Verified(block=block, logits=logits, hidden=hidden, path=path, n_accepted=n_acc)
   return verified, emitted_tokens(kept, n_acc, nxt), cache
 
 
@@ -212,4 +214,4 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   return DecodeOutput(tokens=out, prefill_s=t1 - t0, decode_s=t2 - t1, compile_s=compile_s,
                       forwards=int(state.forwards), row_steps=int(state.row_steps),
                       step_tokens=int(state.step_tokens),
-                      accepted_at=np.asarray(state.accepted_at))
+                      accepted_at=np.asarray(state.accepted_at), drafter_state=state.drafter)

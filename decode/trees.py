@@ -1,4 +1,4 @@
-"""Token trees as static-shaped arrays: shapes (static or dynamic) and the arrays derived from parents.
+"""Token trees as static-shaped arrays: tree shapes, and the arrays derived from parents.
 
 A tree step feeds the target one block of n + 1 nodes: node 0 is the root (the pending last
 token), nodes 1..n are drafts, numbered so that every parent comes before its children and the
@@ -168,7 +168,7 @@ def ancestor_mask(parents: jax.Array, depth: int) -> jax.Array:
 
 
 def children_table(parents: jax.Array, max_children: int) -> jax.Array:
-  """[b, n + 1] parents -> [b, n + 1, c] int32: node u's children in node order, -1 past the last."""
+  """[b, n + 1] parents -> [b, n + 1, c] int32: node u's children in node order, then -1."""
   b, n1 = parents.shape
   same = parents[:, :, None] == parents[:, None, :]  # [b, n + 1, n + 1]
   earlier = jnp.tril(jnp.ones((n1, n1), bool), -1)[None]

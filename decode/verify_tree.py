@@ -1,4 +1,4 @@
-"""Tree verification: which root-to-node path of a drafted tree the target keeps, and its next token.
+"""Tree verification: which root-to-node path of a drafted tree the target keeps, and what follows.
 
 Greedy: a node is accepted when its token is the target's argmax at its parent and its parent is
 accepted; the deepest accepted node (first in node order on ties) ends the path, and the target's

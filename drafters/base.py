@@ -32,8 +32,9 @@ class TargetView:
 class Draft:
   """k chain drafts, or the n draft nodes of a tree (node i + 1 is tokens[:, i]; 0 is the root)."""
   tokens: jax.Array  # [b, k or n] int32
-  probs: jax.Array | None  # [b, k or n, v] the law each draft was drawn from (drafter's q after
-  # the sampling transform; a tree node's is its parent's q before siblings are removed); None = one-hot
+  # [b, k or n, v] the law each draft was drawn from: the drafter's q after the sampling
+  # transform (a tree node's: its parent's q before siblings are removed); None = one-hot.
+  probs: jax.Array | None
   parents: jax.Array | None = None  # [b, n + 1] int32 tree parents (root -1); None = a chain
 
 
@@ -42,12 +43,15 @@ class Verified:
   """What one verify step saw and kept, for drafters that learn from it or keep their own cache."""
   block: jax.Array  # [b, n + 1] int32 tokens the target scored: the pending token, then drafts
   logits: jax.Array  # [b, n + 1, v] the target's logits at each of them
+  hidden: jax.Array  # [len(drafter.hidden_layers), b, n + 1, d] the target's features there
   path: jax.Array  # [b, depth + 1] int32 kept block nodes from the root (a chain: 0, 1, ...)
   n_accepted: jax.Array  # [b] int32 drafts kept
 
 
 class Drafter(Protocol):
   tree: Any  # decode.trees.StaticTree | DynamicTree, or None for a chain of k drafts
+  # Optional: hidden_layers, the target features `Verified.hidden` carries (default (-1,):
+  # the final-normed features; head drafters read them).
 
   def check(self, target: LlamaConfig, params, k: int) -> None:
     """Host-side validation before anything is compiled; raises ValueError naming the value."""

@@ -5,7 +5,8 @@ that token was scored. Every verify step refills the rows of all the block's tok
 logits the target just computed (accepted or not: "recycled" candidates). Drafting expands a
 static tree template breadth-first: the child of rank r of a node with token x is matrix[x, r].
 Deterministic, so verification treats each node as a one-hot draw. SmolLM2: 49152 x c int32
-(1.5 MB at c = 8).
+(1.5 MB at c = 8). The paper keeps the matrix across queries ("hot start"): pass the
+`drafter_state` of one run's output as the next run's `drafter_params`.
 
 Dims: b batch, n nodes, c candidates per token, v vocab.
 """

@@ -1,4 +1,4 @@
-"""Tree drafting with a model forward, level by level: shared by the draft-model and layer-skip drafters.
+"""Tree drafting with a model forward, level by level (the draft-model and layer-skip drafters).
 
 The root (the pending token) is fed at its slot, then each level's nodes are fed as one block of
 width w_d whose mask covers the tree nodes already in the cache (ancestors only), so node i sits

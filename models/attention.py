@@ -25,7 +25,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
 
 
 def prefix_block_mask(lengths: jax.Array, new_mask: jax.Array, s: int) -> jax.Array:
-  """[b, t, s] bool: new token i sees slots < lengths[b] and slot lengths[b] + j iff new_mask[b, i, j].
+  """[b, t, s] bool: new token i sees slots < lengths[b], and lengths[b] + j iff new_mask[b, i, j].
 
   lengths [b] int32 (the prefix; the block sits at slots lengths + [0, t)); new_mask [b, t, t] is
   causal for a chain and the ancestor-or-self mask for a tree.

@@ -138,14 +138,20 @@ class Embedder(nn.Module):
     """x [b, t, d] -> (logits [b, n, v] float32, final-normed features [b, t, d])."""
     final = rms_norm(x, self.final_norm, self.config.norm_eps)
     head = final if logits_at is None else jnp.take_along_axis(final, logits_at[..., None], 1)
-    if self.config.tie_embeddings:
-      logits = jnp.einsum("bnd,vd->bnv", head, self.embed)
-    else:
-      logits = jnp.einsum("bnd,dv->bnv", head, self.lm_head)
-    return logits.astype(jnp.float32), final
+    weights = {"embed": self.embed, **({} if self.config.tie_embeddings else
+                                       {"lm_head": self.lm_head})}
+    return lm_head(weights, self.config, head), final
 
   def __call__(self, tokens):  # only used by init, to create every param
     return self.decode(self.encode(tokens), None)
+
+
+def lm_head(params: Params, config: LlamaConfig, features: jax.Array) -> jax.Array:
+  """Final-normed features [..., d] -> logits [..., v] float32 with the model's output head
+  (the embedding when tied): the head Medusa-style drafters share with the target."""
+  if config.tie_embeddings:
+    return jnp.einsum("...d,vd->...v", features, params["embed"]).astype(jnp.float32)
+  return jnp.einsum("...d,dv->...v", features, params["lm_head"]).astype(jnp.float32)
 
 
 def init_params(config: LlamaConfig, key: jax.Array) -> Params:

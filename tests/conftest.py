@@ -27,3 +27,13 @@ def smollm2():
   """The real SmolLM2-135M-Instruct (LoadedModel), loaded once for the slow tests."""
   from models.load import load
   return load("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_reference(tiny):
+  """Greedy target-only output of each tiny_prompts.PROMPTS prompt decoded alone."""
+  from decode.generate import GenerateConfig, generate
+  from tiny_prompts import NEW, PROMPTS
+  cfg, params = tiny
+  return [generate(params, cfg, [p], GenerateConfig(max_new_tokens=NEW)).tokens[0]
+          for p in PROMPTS]

@@ -12,13 +12,7 @@ from drafters.draft_model import DraftModel
 from drafters.layer_skip import LayerSkip
 from drafters.prompt_lookup import PromptLookup
 from models import llama
-
-RNG = np.random.default_rng(0)
-# Mixed lengths; some prompts repeat themselves so prompt lookup finds matches.
-PROMPTS = [[1, 2, 3, 4, 1, 2, 3], list(RNG.integers(0, 256, 17)), [9] * 5, [7],
-           list(RNG.integers(0, 256, 30)), [5, 6, 5, 6, 5, 6], list(RNG.integers(0, 256, 3)),
-           [100, 3, 99, 4, 250]]
-NEW = 20
+from tiny_prompts import NEW, PROMPTS
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +20,6 @@ def draft(tiny):
   """A different random model with the target's vocabulary."""
   cfg = get_preset("tiny")
   return DraftModel(cfg), llama.init_params(cfg, jax.random.key(7))
-
-
-@pytest.fixture(scope="module")
-def reference(tiny):
-  cfg, params = tiny
-  gen = GenerateConfig(max_new_tokens=NEW)
-  return [generate(params, cfg, [p], gen).tokens[0] for p in PROMPTS]
 
 
 def _drafters(tiny, draft):
@@ -45,11 +32,11 @@ def _drafters(tiny, draft):
 
 @pytest.mark.parametrize("name", ["prompt-lookup", "layer-skip", "draft-model", "draft-is-target"])
 @pytest.mark.parametrize("batch", [1, 4, 8])
-def test_greedy_equals_target_only(tiny, draft, reference, name, batch):
+def test_greedy_equals_target_only(tiny, draft, tiny_reference, name, batch):
   cfg, params = tiny
   drafter, dparams = _drafters(tiny, draft)[name]
   prompts = PROMPTS[:batch] if batch > 1 else PROMPTS[4:5]
-  expect = reference[:batch] if batch > 1 else reference[4:5]
+  expect = tiny_reference[:batch] if batch > 1 else tiny_reference[4:5]
   out = speculative_generate(params, cfg, prompts, drafter, SpecConfig(k=4, max_new_tokens=NEW),
                              drafter_params=dparams)
   assert out.tokens == expect
@@ -67,17 +54,17 @@ def test_metrics_when_the_drafter_is_the_target(tiny):
   assert out.new_tokens == 4 * 21
 
 
-def test_prompt_lookup_accepts_on_repetitive_text(tiny, reference):
+def test_prompt_lookup_accepts_on_repetitive_text(tiny, tiny_reference):
   cfg, params = tiny
   out = speculative_generate(params, cfg, PROMPTS, PromptLookup(), SpecConfig(k=4, max_new_tokens=NEW))
-  assert out.tokens == reference
+  assert out.tokens == tiny_reference
   assert out.tau > 1.2  # the tiny model repeats itself, so lookups hit
   assert np.all(np.diff(out.acceptance) <= 0)  # a later position is never accepted more often
 
 
-def test_eos_stops_like_target_only(tiny, reference):
+def test_eos_stops_like_target_only(tiny, tiny_reference):
   cfg, params = tiny
-  eos = reference[1][5]
+  eos = tiny_reference[1][5]
   gen = generate(params, cfg, PROMPTS[:4], GenerateConfig(max_new_tokens=NEW, eos_ids=(eos,)))
   spec = speculative_generate(params, cfg, PROMPTS[:4], PromptLookup(),
                               SpecConfig(k=3, max_new_tokens=NEW, eos_ids=(eos,)))
@@ -86,12 +73,12 @@ def test_eos_stops_like_target_only(tiny, reference):
 
 
 @pytest.mark.parametrize("name", ["layer-skip", "draft-model"])
-def test_sharded_equals_unsharded(tiny, draft, reference, name):
+def test_sharded_equals_unsharded(tiny, draft, tiny_reference, name):
   cfg, params = tiny
   drafter, dparams = _drafters(tiny, draft)[name]
   out = speculative_generate(params, cfg, PROMPTS, drafter, SpecConfig(k=3, max_new_tokens=NEW),
                              drafter_params=dparams, mesh=MeshConfig(data=4, tensor=2))
-  assert out.tokens == reference
+  assert out.tokens == tiny_reference
 
 
 def test_bad_speculative_input(tiny, draft):

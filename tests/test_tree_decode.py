@@ -14,21 +14,10 @@ from drafters.draft_model import DraftModel
 from drafters.layer_skip import LayerSkip
 from drafters.token_recycling import TokenRecycling
 from models import llama
+from tiny_prompts import NEW, PROMPTS
 
-RNG = np.random.default_rng(1)
-PROMPTS = [[1, 2, 3, 4, 1, 2, 3], list(RNG.integers(0, 256, 17)), [9] * 5, [7],
-           list(RNG.integers(0, 256, 30)), [5, 6, 5, 6, 5, 6], list(RNG.integers(0, 256, 3)),
-           [100, 3, 99, 4, 250]]
-NEW = 20
 STATIC = StaticTree.full((3, 2, 1))  # 3 + 6 + 6 nodes, depth 3
 DYNAMIC = DynamicTree(width=3, depth=3, children=3)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny):
-  cfg, params = tiny
-  gen = GenerateConfig(max_new_tokens=NEW)
-  return [generate(params, cfg, [p], gen).tokens[0] for p in PROMPTS]
 
 
 def _drafter(tiny, name):
@@ -47,11 +36,11 @@ NAMES = ["token-recycling", "layer-skip-static", "draft-model-static", "draft-mo
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("batch", [1, 4])
-def test_tree_greedy_equals_target_only(tiny, reference, name, batch):
+def test_tree_greedy_equals_target_only(tiny, tiny_reference, name, batch):
   cfg, params = tiny
   drafter, dparams = _drafter(tiny, name)
-  prompts, expect = (PROMPTS[:batch], reference[:batch]) if batch > 1 else (PROMPTS[4:5],
-                                                                             reference[4:5])
+  prompts, expect = (PROMPTS[:batch], tiny_reference[:batch]) if batch > 1 else (PROMPTS[4:5],
+                                                                             tiny_reference[4:5])
   out = speculative_generate(params, cfg, prompts, drafter, SpecConfig(max_new_tokens=NEW),
                              drafter_params=dparams)
   assert out.tokens == expect
@@ -71,20 +60,20 @@ def test_tree_with_the_target_as_drafter_accepts_every_level(tiny, tree):
   np.testing.assert_array_equal(out.acceptance, np.ones(3))
 
 
-def test_token_recycling_learns_repetitions(tiny, reference):
+def test_token_recycling_learns_repetitions(tiny, tiny_reference):
   cfg, params = tiny
   out = speculative_generate(params, cfg, PROMPTS, TokenRecycling(), SpecConfig(max_new_tokens=NEW))
-  assert out.tokens == reference
+  assert out.tokens == tiny_reference
   assert out.tau > 1.2  # the tiny model's output repeats, so recycled candidates hit
 
 
 @pytest.mark.parametrize("name", ["token-recycling", "draft-model-dynamic"])
-def test_tree_sharded_equals_unsharded(tiny, reference, name):
+def test_tree_sharded_equals_unsharded(tiny, tiny_reference, name):
   cfg, params = tiny
   drafter, dparams = _drafter(tiny, name)
   out = speculative_generate(params, cfg, PROMPTS, drafter, SpecConfig(max_new_tokens=NEW),
                              drafter_params=dparams, mesh=MeshConfig(data=4, tensor=2))
-  assert out.tokens == reference
+  assert out.tokens == tiny_reference
 
 
 def test_bad_tree_input(tiny):
@@ -104,11 +93,22 @@ def test_bad_tree_input(tiny):
                          drafter_params=np.zeros((5, 4), np.int32))
 
 
-def test_pallas_attention_gives_identical_tokens(tiny, reference):
+def test_pallas_attention_gives_identical_tokens(tiny, tiny_reference):
   """The model with the tree-attention kernel (interpret mode) decodes exactly like jnp attention."""
   cfg, params = tiny
   kernel_cfg = dataclasses.replace(cfg, attention_impl="pallas-interpret", attention_block_kv=32)
   gen = generate(params, kernel_cfg, PROMPTS[:3], GenerateConfig(max_new_tokens=NEW))
   tree = speculative_generate(params, kernel_cfg, PROMPTS[:3], TokenRecycling(),
                               SpecConfig(max_new_tokens=NEW))
-  assert gen.tokens == reference[:3] and tree.tokens == reference[:3]
+  assert gen.tokens == tiny_reference[:3] and tree.tokens == tiny_reference[:3]
+
+
+def test_token_recycling_hot_start_reuses_the_matrix(tiny, tiny_reference):
+  cfg, params = tiny
+  spec = SpecConfig(max_new_tokens=NEW)
+  cold = speculative_generate(params, cfg, PROMPTS[:4], TokenRecycling(), spec)
+  warm = speculative_generate(params, cfg, PROMPTS[:4], TokenRecycling(), spec,
+                              drafter_params=cold.drafter_state)
+  assert warm.tokens == cold.tokens == tiny_reference[:4]
+  assert cold.drafter_state.shape == (cfg.vocab_size, TokenRecycling().tree.max_children)
+  assert warm.tau > cold.tau  # the same text again: the matrix already holds its successors

@@ -47,6 +47,10 @@ class DistillConfig:
   def loss_fn(self):
     return losses.get_divergence(self.divergence, **dict(self.divergence_options))
 
+  def objective(self, params, config: LlamaConfig, batch, key, frozen=None):
+    """(loss, metrics) of one micro-batch; see `distill_loss` (nothing frozen is read)."""
+    return distill_loss(params, config, self, batch, key)
+
   @property
   def steps(self) -> int:
     """Micro-batches in the run: optimizer updates times accumulation."""
@@ -91,12 +95,18 @@ def distill_loss(params, config: LlamaConfig, cfg: DistillConfig, batch, key):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "cfg"), donate_argnames=("state",))
-def train_step(state: TrainState, batch, config: LlamaConfig, cfg: DistillConfig):
-  """One micro-batch: gradients of the divergence, then the optax update (which only moves the
-  params every accum_steps micro-batches when accumulating)."""
+def train_step(state: TrainState, batch, config: LlamaConfig, cfg: DistillConfig, frozen=None):
+  """One micro-batch: gradients of the objective, then the optax update (which only moves the
+  params every accum_steps micro-batches when accumulating).
+
+  cfg: any frozen config with `optim` and `objective(params, config, batch, key, frozen) ->
+  (loss, metrics)`: DistillConfig for draft models, train.heads.HeadsConfig for Medusa heads.
+  frozen: arrays the objective reads but never trains (a head drafter's target params).
+  """
   tx = make_optimizer(cfg.optim)
   key, sub = jax.random.split(jax.random.wrap_key_data(state.key))
-  grads, metrics = jax.grad(distill_loss, has_aux=True)(state.params, config, cfg, batch, sub)
+  grads, metrics = jax.grad(cfg.objective, has_aux=True)(state.params, config, batch, sub,
+                                                         frozen)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   metrics |= {"grad_norm": optax.tree.norm(grads),
               "learning_rate": cfg.optim.schedule()(state.step // cfg.optim.accum_steps)}

@@ -1,0 +1,96 @@
+"""Medusa heads (Cai et al. 2024): extra heads on the target's last hidden state draft ahead.
+
+Head j (1-based) reads the final-normed feature h_i the target computed at position i, whose own
+output head predicts token i + 1, and predicts token i + 1 + j:
+logits_j = lm_head(h_i + SiLU(W_j h_i + b_j)), the output head shared with the target. With W_j
+and b_j at zero a head starts as a copy of the target's next-token head.
+
+In the loop, h is the feature of the last kept node of the previous verify step (the node whose
+logits gave the pending token), so head j drafts the j-th token after the pending one. A chain
+takes each head's top (or sampled) token; a static tree takes, at depth j, head j's candidates
+in rank order under every parent (the heads do not see the drafted prefix, so every parent at a
+depth shares them). Sampled siblings are draws without replacement from the head's q.
+
+Dims: b batch, d model, v vocab, j heads, c candidates.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from decode.sampling import SamplingConfig, candidates, probs, sample
+from decode.trees import StaticTree
+from drafters.base import Draft, TargetView, Verified
+from drafters.tree_draft import check_tree
+from models import llama
+
+
+@dataclasses.dataclass(frozen=True)
+class Medusa:
+  n_heads: int = 4
+  tree: StaticTree | None = None  # None: a chain of k <= n_heads drafts
+  hidden_layers = (-1,)  # the verify forward's features the drafter reads (final-normed)
+
+  def check(self, target, params, k: int) -> None:
+    if params is None:
+      raise ValueError("a Medusa drafter needs its head params (drafter_params=...)")
+    d = target.d_model
+    want = {"w": (self.n_heads, d, d), "b": (self.n_heads, d)}
+    got = {name: tuple(params[name].shape) for name in want if name in params}
+    if got != want:
+      raise ValueError(f"Medusa head params must have shapes {want} for this target "
+                       f"(d_model {d}), got {got}: were they trained on another target?")
+    depth = self.tree.depth if self.tree is not None else k
+    if depth > self.n_heads:
+      raise ValueError(f"{'tree depth' if self.tree is not None else 'k'} {depth} needs "
+                       f"{depth} heads, but the drafter has {self.n_heads}")
+    check_tree(self.tree, target.vocab_size)
+
+  def prepare(self, params):
+    return params
+
+  def init(self, params, view: TargetView, config, max_len: int) -> jax.Array:
+    """h [b, d]: the target's feature at the last prompt token (the one that gave the pending
+    token), recomputed with a one-token forward over the cached prompt."""
+    b = view.history.shape[0]
+    pos = view.lengths - 2  # the last prompt token
+    tok = view.history[jnp.arange(b), pos]
+    _, hidden, _ = llama.forward(view.params, config, tok[:, None], pos[:, None],
+                                 view.cache.with_lengths(pos))
+    return hidden[0, :, 0]  # [b, d]
+
+  def propose(self, params, state: jax.Array, view: TargetView, key, config, k: int,
+              sampling: SamplingConfig):
+    depth = self.tree.depth if self.tree is not None else k
+    logits = heads_logits(params, view.params, config, state)[:, :depth]  # [b, depth, v]
+    b = logits.shape[0]
+    if self.tree is None:
+      tokens = sample(key, logits, sampling)  # [b, k]
+      return Draft(tokens=tokens, probs=None if sampling.greedy else probs(logits, sampling)), \
+          state, view
+    cand, q = candidates(key, logits, sampling, self.tree.max_children)  # [b, depth, c]
+    depths = jnp.asarray(self.tree.node_depths[1:] - 1)  # [n] head of each node
+    ranks = jnp.asarray(self.tree.ranks[1:])
+    parents = jnp.broadcast_to(jnp.asarray(self.tree.parents), (b, self.tree.n_nodes + 1))
+    return Draft(tokens=cand[:, depths, ranks], probs=None if q is None else q[:, depths],
+                 parents=parents), state, view
+
+  def update(self, params, state, view: TargetView, verified: Verified) -> jax.Array:
+    rows = jnp.arange(state.shape[0])
+    last = verified.path[rows, verified.n_accepted]  # [b] the node that gave the pending token
+    return verified.hidden[0][rows, last]  # [b, d]
+
+
+def init_heads(config, n_heads: int) -> dict:
+  """Zero residual blocks: every head starts as the target's own next-token head."""
+  d = config.d_model
+  return {"w": jnp.zeros((n_heads, d, d), jnp.float32), "b": jnp.zeros((n_heads, d), jnp.float32)}
+
+
+def heads_logits(params, target_params, config, h: jax.Array) -> jax.Array:
+  """h [..., d] final-normed features -> [..., j, v] logits of every head."""
+  x = h[..., None, :]  # [..., 1, d]
+  z = jnp.einsum("...d,jde->...je", h, params["w"]) + params["b"]  # [..., j, d]
+  return llama.lm_head(target_params, config, x + jax.nn.silu(z))
