@@ -5,8 +5,8 @@ of k + 1 positions (the pending last token, then the drafts; a tree with its anc
 scores them; `verify_chain` keeps the longest acceptable prefix plus one target token
 (`verify_tree` the best root-to-node path, whose K/V then move into contiguous slots); each
 sequence advances by its own count (ragged), and the target cache is rolled back by length
-arithmetic. Greedy output equals the target's own
-greedy output; sampled output follows the target's distribution exactly.
+arithmetic. Greedy output equals the target's own greedy output; sampled output follows the
+target's distribution exactly.
 """
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ import numpy as np
 
 from configs.meshes import MeshConfig
 from configs.models import LlamaConfig
+from decode import trees
 from decode.generate import GenerateConfig, place, prefill
 from decode.inputs import check_room, pack_prompts
 from decode.metrics import DecodeOutput
 from decode.sampling import SamplingConfig, sample
-from decode import trees
 from decode.verify import emitted_tokens, verify_chain
 from decode.verify_tree import verify_tree
 from drafters.base import Drafter, TargetView, Verified

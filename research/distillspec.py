@@ -31,22 +31,47 @@ DIVERGENCES = [("fkl", ()), ("rkl", ()), ("jsd", (("beta", 0.5),)), ("tvd", ()),
                ("tvd++", (("n_samples", 16),)), ("ce", ())]
 
 
-def decode_figures(model, draft_cfg, draft_params, prompts, new_tokens, k, temperature):
+def autoregressive_speed(model, prompts, new_tokens, temperature) -> float:
+  """Tokens/s of our autoregressive loop on the prompts: the speedup baseline."""
+  gen = GenerateConfig(max_new_tokens=new_tokens, sampling=SamplingConfig(temperature=temperature))
+  return generate(model.params, model.config, prompts, gen, jax.random.key(0),
+                  warmup=True).tokens_per_s
+
+
+def decode_figures(model, draft_cfg, draft_params, prompts, new_tokens, k, temperature, ar_speed):
   """tau and speedup of chain speculative decoding with the draft over autoregressive."""
   sampling = SamplingConfig(temperature=temperature)
-  key = jax.random.key(0)
-  ar = generate(model.params, model.config, prompts,
-                GenerateConfig(max_new_tokens=new_tokens, sampling=sampling), key, warmup=True)
   sd = speculative_generate(model.params, model.config, prompts, DraftModel(draft_cfg),
                             SpecConfig(k=k, max_new_tokens=new_tokens, sampling=sampling),
-                            drafter_params=draft_params, key=key, warmup=True)
-  return sd.tau, sd.tokens_per_s / ar.tokens_per_s
+                            drafter_params=draft_params, key=jax.random.key(0), warmup=True)
+  return sd.tau, sd.tokens_per_s / ar_speed
+
+
+def plot(rows, path):
+  """Grouped bars per drafter: held-out 1 - TV, tau greedy, tau at t=1."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  names = [r[0] for r in rows]
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  axes[0].bar(names, [r[1] for r in rows], color="tab:gray")
+  axes[0].set(title="held-out acceptance 1 - TV", ylim=(0, 1))
+  x = range(len(rows))
+  axes[1].bar([i - 0.2 for i in x], [r[2] for r in rows], 0.4, label="greedy")
+  axes[1].bar([i + 0.2 for i in x], [r[4] for r in rows], 0.4, label="temperature 1")
+  axes[1].set(title="tau (tokens per target forward)", xticks=list(x), xticklabels=names)
+  axes[1].legend()
+  for ax in axes:
+    ax.tick_params(axis="x", rotation=30)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
 
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--steps", type=int, default=EXPERIMENT.distill.optim.total_steps)
   ap.add_argument("--rows", type=int, default=EXPERIMENT.data.rows)
+  ap.add_argument("--seq-len", type=int, default=EXPERIMENT.data.seq_len)
   ap.add_argument("--prompts", type=int, default=8, help="held-out HumanEval prompts to decode")
   ap.add_argument("--new-tokens", type=int, default=64)
   ap.add_argument("-k", type=int, default=4)
@@ -60,9 +85,10 @@ def main():
   prompts = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(args.prompts)]
   base = dataclasses.replace(
       EXPERIMENT, out_dir=args.out_dir, teacher_dir=f"{args.out_dir}/teacher",
-      data=dataclasses.replace(EXPERIMENT.data, rows=args.rows),
+      data=dataclasses.replace(EXPERIMENT.data, rows=args.rows, seq_len=args.seq_len),
       distill=dataclasses.replace(EXPERIMENT.distill,
                                   optim=EXPERIMENT.distill.optim.with_total_steps(args.steps)))
+  ar_speed = {t: autoregressive_speed(model, prompts, args.new_tokens, t) for t in (0.0, 1.0)}
   rows, records = [], []
   chosen = args.divergences.split(",")
   unknown = sorted(set(chosen) - {name for name, _ in DIVERGENCES})
@@ -76,11 +102,12 @@ def main():
     figures = {}
     for temperature in (0.0, 1.0):
       figures[temperature] = decode_figures(model, result["draft_config"], params, prompts,
-                                            args.new_tokens, args.k, temperature)
+                                            args.new_tokens, args.k, temperature,
+                                            ar_speed[temperature])
     if not rows:  # the untrained cut: the same start for every divergence
       cut_cfg, cut = truncated(model.params, model.config, base.draft_layers)
-      untrained = {t: decode_figures(model, cut_cfg, cut, prompts, args.new_tokens, args.k, t)
-                   for t in (0.0, 1.0)}
+      untrained = {t: decode_figures(model, cut_cfg, cut, prompts, args.new_tokens, args.k, t,
+                                     ar_speed[t]) for t in (0.0, 1.0)}
       rows.append(["untrained", result["heldout_acceptance_before"], *untrained[0.0],
                    *untrained[1.0]])
     rows.append([name, result["heldout_acceptance_after"], *figures[0.0], *figures[1.0]])
@@ -95,6 +122,9 @@ def main():
   out = pathlib.Path("results")
   out.mkdir(exist_ok=True)
   (out / "distillspec.json").write_text(json.dumps({"rows": rows, "runs": records}, indent=1))
+  plot(rows, out / "distillspec.png")
+  print(f"\nwrote results/distillspec.json and results/distillspec.png; training curves: "
+        f"{[r['plot'] for r in records]}")
 
 
 if __name__ == "__main__":

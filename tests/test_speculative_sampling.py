@@ -2,9 +2,9 @@
 
 Many copies of one prompt run as one batch (rows draw independent randoms), with a draft model
 whose distribution differs from the target's, drafting a chain, a static tree whose siblings are
-drawn without replacement, or a dynamic tree of deterministic top candidates. The exact target
-law comes from the target's own logits: p(x) after the prompt and p(y | x) after prompt + x,
-through the same sampling transform. Planted verifiers (one that skips the residual resampling,
+drawn without replacement, or a dynamic tree of deterministic top candidates, and with Medusa
+heads drafting a static tree. The exact target law comes from the target's own logits: p(x)
+after the prompt and p(y | x) after prompt + x, through the same sampling transform. Planted verifiers (one that skips the residual resampling,
 one that treats siblings drawn without replacement as i.i.d.) must fail the same bound.
 """
 import functools
@@ -21,6 +21,7 @@ from decode import speculative, verify_tree
 from decode.speculative import SpecConfig, speculative_generate
 from decode.trees import DynamicTree, StaticTree
 from drafters.draft_model import DraftModel
+from drafters.medusa import Medusa
 from models import llama
 
 V = 12
@@ -54,7 +55,15 @@ def _tv(samples, exact):
 
 
 DRAFTERS = {"chain": DraftModel(CFG), "static-tree": DraftModel(CFG, StaticTree.full((3, 2))),
-            "dynamic-tree": DraftModel(CFG, DynamicTree(width=3, depth=2, children=3))}
+            "dynamic-tree": DraftModel(CFG, DynamicTree(width=3, depth=2, children=3)),
+            "medusa-tree": Medusa(3, StaticTree.full((3, 2)))}
+
+
+def _heads():
+  """Random Medusa heads for CFG: their q differs from the target's p."""
+  k1, k2 = jax.random.split(jax.random.key(5))
+  return {"w": jax.random.normal(k1, (3, CFG.d_model, CFG.d_model)) * CFG.d_model ** -0.5,
+          "b": jax.random.normal(k2, (3, CFG.d_model))}
 
 
 def _run(target, draft, sampling, seed, drafter=DRAFTERS["chain"]):
@@ -76,7 +85,8 @@ SETTINGS = [SamplingConfig(temperature=0.7), SamplingConfig(temperature=1.0),
 def test_first_and_second_tokens_follow_target(models, sampling, drafter):
   target, draft = models
   p1, p2 = _exact(target, sampling)
-  first, second = _run(target, draft, sampling, seed=0, drafter=DRAFTERS[drafter])
+  dparams = _heads() if drafter.startswith("medusa") else draft
+  first, second = _run(target, dparams, sampling, seed=0, drafter=DRAFTERS[drafter])
   assert _tv(first, p1) < BOUND and _tv(second, p2) < BOUND
   assert np.all(p1[first] > 0) and np.all(p2[second] > 0)  # nothing outside top-p
 
