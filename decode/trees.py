@@ -80,6 +80,9 @@ class StaticTree:
   def node_depths(self) -> np.ndarray:  # [n + 1] int32 (root 0)
     return np.array([0] + [len(c) for c in self._order], np.int32)
 
+  def batch_parents(self, b: int) -> jax.Array:  # [b, n + 1] int32
+    return jnp.broadcast_to(jnp.asarray(self.parents), (b, self.n_nodes + 1))
+
   @property
   def levels(self) -> tuple[int, ...]:
     """Nodes per depth 1..depth."""
@@ -180,10 +183,12 @@ def children_table(parents: jax.Array, max_children: int) -> jax.Array:
   return table.at[rows, jnp.where(parents >= 0, parents, n1), rank].set(node, mode="drop")
 
 
-def path_to(node: jax.Array, parents: jax.Array, depth: int) -> jax.Array:
-  """Root-to-node path [b, depth + 1] int32 of node indices, padded with `node` past its depth."""
+def path_to(node: jax.Array, d: jax.Array, parents: jax.Array, depth: int) -> jax.Array:
+  """Root-to-node path [b, depth + 1] int32 of node indices, padded with `node` past its depth.
+
+  node [b] and its depth d [b]; parents [b, n + 1]; depth: the tree's.
+  """
   rows = jnp.arange(parents.shape[0])
-  d = jnp.take_along_axis(depths(parents, depth), node[:, None], 1)[:, 0]  # [b]
   path, cur = [], node
   for level in range(depth, -1, -1):  # walk up; the entry at level i is the ancestor at depth i
     path.append(jnp.where(level <= d, cur, node))

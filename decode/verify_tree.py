@@ -44,15 +44,16 @@ def verify_tree(
   siblings were removed (the drafter's q at node i's parent, after `sampling`).
   """
   _check_shapes(target_logits, tokens, parents, draft_probs, sampling)
+  node_depths = depths(parents, depth)  # [b, n + 1]
   if sampling.greedy:
-    node = _greedy_node(target_logits, tokens, parents, depth)
     best = jnp.argmax(target_logits, -1).astype(jnp.int32)  # [b, n + 1]
+    node = _greedy_node(best, tokens, parents, node_depths, depth)
     nxt = jnp.take_along_axis(best, node[:, None], 1)[:, 0]
   else:
     node, nxt = _sampled_walk(key, target_logits, tokens, parents, draft_probs, sampling, depth,
                               max_children, without_replacement)
-  n_acc = jnp.take_along_axis(depths(parents, depth), node[:, None], 1)[:, 0]
-  return path_to(node, parents, depth), n_acc, nxt
+  n_acc = jnp.take_along_axis(node_depths, node[:, None], 1)[:, 0]
+  return path_to(node, n_acc, parents, depth), n_acc, nxt
 
 
 def _check_shapes(target_logits, tokens, parents, draft_probs, sampling) -> None:
@@ -65,15 +66,15 @@ def _check_shapes(target_logits, tokens, parents, draft_probs, sampling) -> None
     raise ValueError(f"draft_probs must be [b, n, v] = {(b, n1 - 1, v)}, got {draft_probs.shape}")
 
 
-def _greedy_node(target_logits, tokens, parents, depth):
-  """The deepest node whose whole path matches the target's argmax (first on ties) -> [b]."""
-  best = jnp.argmax(target_logits, -1).astype(jnp.int32)  # [b, n + 1]
+def _greedy_node(best, tokens, parents, node_depths, depth):
+  """The deepest node whose whole path matches the target's argmax best [b, n + 1] (first on
+  ties) -> [b]."""
   safe = jnp.maximum(parents, 0)
   match = (tokens == jnp.take_along_axis(best, safe, 1)) | (parents < 0)  # root always kept
   ok = match
   for _ in range(depth):  # kept = matches and parent kept, settled one level per round
     ok = match & jnp.take_along_axis(ok, safe, 1)
-  d = jnp.where(ok, depths(parents, depth), -1)
+  d = jnp.where(ok, node_depths, -1)
   return jnp.argmax(d, 1).astype(jnp.int32)  # argmax takes the first of equal maxima
 
 

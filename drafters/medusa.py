@@ -73,9 +73,8 @@ class Medusa:
     cand, q = candidates(key, logits, sampling, self.tree.max_children)  # [b, depth, c]
     depths = jnp.asarray(self.tree.node_depths[1:] - 1)  # [n] head of each node
     ranks = jnp.asarray(self.tree.ranks[1:])
-    parents = jnp.broadcast_to(jnp.asarray(self.tree.parents), (b, self.tree.n_nodes + 1))
     return Draft(tokens=cand[:, depths, ranks], probs=None if q is None else q[:, depths],
-                 parents=parents), state, view
+                 parents=self.tree.batch_parents(b)), state, view
 
   def update(self, params, state, view: TargetView, verified: Verified) -> jax.Array:
     rows = jnp.arange(state.shape[0])

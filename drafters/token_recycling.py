@@ -58,8 +58,8 @@ class TokenRecycling:
     tokens = [last]
     for i in range(1, self.tree.n_nodes + 1):  # parents come first: breadth-first expansion
       tokens.append(state[tokens[parents[i]], ranks[i]])
-    parents = jnp.broadcast_to(jnp.asarray(parents), (b, len(parents)))
-    return Draft(tokens=jnp.stack(tokens[1:], 1), probs=None, parents=parents), state, view
+    return Draft(tokens=jnp.stack(tokens[1:], 1), probs=None,
+                 parents=self.tree.batch_parents(b)), state, view
 
   def update(self, params, state: jax.Array, view: TargetView, verified: Verified) -> jax.Array:
     c = state.shape[1]

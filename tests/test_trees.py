@@ -53,7 +53,7 @@ def test_derived_arrays_match_brute_force():
       np.testing.assert_array_equal(table[u, :len(expect)], expect)
       assert np.all(table[u, len(expect):] == -1)
   node = jnp.array([11, 5, 0])
-  path = np.asarray(trees.path_to(node, p, depth))
+  path = np.asarray(trees.path_to(node, jnp.asarray(d)[jnp.arange(3), node], p, depth))
   for r in range(3):
     expect = sorted(np.flatnonzero(mask[r, node[r]]), key=lambda j: d[r, j])
     np.testing.assert_array_equal(path[r, :len(expect)], expect)
