@@ -81,6 +81,13 @@ class Medusa:
     last = verified.path[rows, verified.n_accepted]  # [b] the node that gave the pending token
     return verified.hidden[0][rows, last]  # [b, d]
 
+  def init_params(self, config, key=None) -> dict:
+    return init_heads(config, self.n_heads)
+
+  def train_outputs(self, params, frozen, config, batch, key) -> dict:
+    """Head j at position i predicts the token the cache's distribution at i + j is of."""
+    return {"logits": heads_logits(params, frozen, config, batch["hidden"][0])}  # [b, t, j, v]
+
 
 def init_heads(config, n_heads: int) -> dict:
   """Zero residual blocks: every head starts as the target's own next-token head."""

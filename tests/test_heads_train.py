@@ -10,7 +10,7 @@ import pytest
 from train.distill import init_state, train_step
 from train.heads import HeadsConfig
 from train.optim import OptimConfig
-from drafters.medusa import init_heads
+from drafters.medusa import Medusa, init_heads
 from models import llama
 
 TOP_K = 16
@@ -21,13 +21,13 @@ def _batch(cfg, params, tokens):
   positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
   logits, hidden, _ = llama.forward_jit(params, cfg, tokens, positions)
   logprobs, ids = jax.lax.top_k(jax.nn.log_softmax(logits), TOP_K)
-  return {"hidden": hidden, "ids": ids.astype(jnp.int32), "logprobs": logprobs,
+  return {"tokens": tokens, "hidden": hidden, "ids": ids.astype(jnp.int32), "logprobs": logprobs,
           "mask": jnp.ones(tokens.shape, jnp.float32)}
 
 
 def test_heads_learn_the_targets_future_tokens(tiny):
   cfg, params = tiny
-  heads = HeadsConfig(n_heads=3, batch_size=8,
+  heads = HeadsConfig(Medusa(3), batch_size=8,
                       optim=OptimConfig(learning_rate=1e-2, warmup_steps=2, total_steps=40))
   rng = np.random.default_rng(0)
   train, held = (_batch(cfg, params, jnp.asarray(rng.integers(0, cfg.vocab_size, (8, 24))))
@@ -40,14 +40,14 @@ def test_heads_learn_the_targets_future_tokens(tiny):
   _, after = heads.objective(state.params, cfg, held, jax.random.key(0), params)
   for j in (1, 2, 3):
     # Zero heads copy the next-token head (~0.60 here); measured ~+0.027 after 40 steps.
-    assert after[f"acceptance/head{j}"] > before[f"acceptance/head{j}"] + 0.01, j
-    assert 0 <= after[f"top1/head{j}"] <= 1
+    assert after[f"acceptance/depth{j}"] > before[f"acceptance/depth{j}"] + 0.01, j
+    assert 0 <= after[f"top1/depth{j}"] <= 1
   assert float(after["loss"]) < float(before["loss"]) and np.isfinite(float(metrics["loss"]))
   jax.tree.map(np.testing.assert_array_equal, params, target_before)  # frozen
 
 
 def test_bad_heads_config():
   with pytest.raises(ValueError, match="unknown divergence 'kl-ish'"):
-    HeadsConfig(divergence="kl-ish")
-  with pytest.raises(ValueError, match="n_heads must be >= 1, got 0"):
-    HeadsConfig(n_heads=0)
+    HeadsConfig(Medusa(2), divergence="kl-ish")
+  with pytest.raises(ValueError, match="must be a head drafter"):
+    HeadsConfig("medusa")

@@ -1,62 +1,98 @@
-"""Training Medusa heads on cached target features and distributions (self-distillation).
+"""Training head drafters (Medusa, Hydra, EAGLE) on cached target features (self-distillation).
 
-Head j reads the target's final-normed feature h_i and learns the target's distribution of
-token i + 1 + j, which the teacher cache holds at position i + j. The target stays frozen: its
-output head enters as `frozen`, the feature and distributions come from the cache
-(train/teacher_cache.py with hidden_layers=(-1,)). Reports, per head, the divergence, the
-estimated acceptance 1 - TV and the top-1 agreement with the target.
+The target stays frozen: its params enter as `frozen` (the drafters share its embedding and
+output head), its features and distributions come from the teacher cache
+(train/teacher_cache.py with the drafter's hidden_layers). A head drafter says what it predicts
+through `train_outputs(params, frozen, config, batch, key)`:
 
-Dims: b batch, t time, d model, j heads, v vocab.
+  logits [b, t, J, v]  depth j (1-based) at row position i: the drafter's law for the token whose
+                       target distribution the cache holds at position i + j (Medusa head j,
+                       EAGLE's j-th autoregressive step, ...)
+  aux_loss []          optional, added to the loss (e.g. EAGLE's feature regression)
+  accept_logits [b, t, J]  optional: an acceptance head's logit that depth j's draft is kept;
+                       trained with binary cross-entropy against the expected acceptance 1 - TV
+                       of that depth (SpecDec++), the label under stop_gradient
+  metrics              optional, extra scalars to report
+
+Reports, per depth, the divergence, the estimated acceptance 1 - TV and top-1 agreement.
+
+Dims: b batch, t time, j depth, v vocab.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 
-from drafters.medusa import heads_logits
 from train import losses
 from train.optim import OptimConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class HeadsConfig:
-  n_heads: int = 4
+  drafter: Any = None  # a head drafter (drafters.medusa.Medusa, hydra.Hydra, eagle.Eagle)
   divergence: str = "fkl"  # one of losses.DIVERGENCES
   divergence_options: tuple[tuple[str, float], ...] = ()
+  acceptance_weight: float = 1.0  # weight of the acceptance head's loss, when it has one
   batch_size: int = 8
   optim: OptimConfig = OptimConfig()
   seed: int = 0
 
   def __post_init__(self):
-    if self.n_heads < 1:
-      raise ValueError(f"n_heads must be >= 1, got {self.n_heads}")
+    if not hasattr(self.drafter, "train_outputs"):
+      raise ValueError(f"HeadsConfig.drafter must be a head drafter (Medusa, Hydra, Eagle), "
+                       f"got {self.drafter!r}")
     if self.batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
     losses.get_divergence(self.divergence, **dict(self.divergence_options))  # names a bad one
 
-  def objective(self, params, config, batch, key, frozen):
-    """(loss, metrics): the mean over heads of the divergence; per-head acceptance and top-1.
+  @property
+  def steps(self) -> int:
+    return self.optim.total_steps * self.optim.accum_steps
 
-    batch: hidden [1, b, t, d] (the final features), ids/logprobs [b, t, K], mask [b, t];
-    frozen: the target's params (its output head is read).
+  def objective(self, params, config, batch, key, frozen):
+    """(loss, metrics): mean over depths of the divergence, plus the drafter's extra losses.
+
+    batch: tokens/mask [b, t], hidden [l, b, t, d] (the drafter's hidden_layers),
+    ids/logprobs [b, t, K]; frozen: the target's params.
     """
     divergence = losses.get_divergence(self.divergence, **dict(self.divergence_options))
     teacher = losses.teacher_logprobs_from_topk(batch["ids"], batch["logprobs"],
                                                 config.vocab_size)  # [b, t, v]
-    logits = heads_logits(params, frozen, config, batch["hidden"][0])  # [b, t, j, v]
-    t = teacher.shape[1]
-    if self.n_heads >= t:
-      raise ValueError(f"{self.n_heads} heads need rows longer than {self.n_heads} tokens, got {t}")
-    total, metrics = 0.0, {}
-    for j in range(1, self.n_heads + 1):  # head j at position i vs the teacher at i + j
+    out = self.drafter.train_outputs(params, frozen, config, batch, key)
+    logits, accept = out["logits"], out.get("accept_logits")  # [b, t, J, v], [b, t, J]
+    t, depth = teacher.shape[1], logits.shape[2]
+    if depth >= t:
+      raise ValueError(f"training {depth} draft depths needs rows longer than {depth} tokens, "
+                       f"got {t}")
+    total, metrics, accs = 0.0, dict(out.get("metrics", {})), []
+    for j in range(1, depth + 1):  # depth j at position i vs the teacher at i + j
       student, target = logits[:, :t - j, j - 1], teacher[:, j:]
       mask = batch["mask"][:, j:] * batch["mask"][:, :t - j]
       loss = divergence(target, student, mask, key=jax.random.fold_in(key, j))
-      total += loss / self.n_heads
+      total += loss / depth
+      acc = losses.token_acceptance(target, student, mask)
       agree = (jnp.argmax(student, -1) == jnp.argmax(target, -1)) * mask
-      metrics |= {f"loss/head{j}": loss,
-                  f"acceptance/head{j}": losses.token_acceptance(target, student, mask),
-                  f"top1/head{j}": agree.sum() / jnp.maximum(mask.sum(), 1)}
-    return total, metrics | {"loss": total}
+      metrics |= {f"loss/depth{j}": loss, f"acceptance/depth{j}": acc,
+                  f"top1/depth{j}": agree.sum() / jnp.maximum(mask.sum(), 1)}
+      accs.append(acc)
+      if accept is not None:
+        label = jax.lax.stop_gradient(_expected_acceptance(target, student))  # [b, t - j]
+        bce = optax.sigmoid_binary_cross_entropy(accept[:, :t - j, j - 1], label)
+        bce = (bce * mask).sum() / jnp.maximum(mask.sum(), 1)
+        total += self.acceptance_weight * bce / depth
+        metrics[f"acceptance_head_bce/depth{j}"] = bce
+    if "aux_loss" in out:
+      total += out["aux_loss"]
+      metrics["aux_loss"] = out["aux_loss"]
+    return total, metrics | {"loss": total, "acceptance": sum(accs) / depth}
+
+
+def _expected_acceptance(teacher_logp, student_logits):
+  """1 - TV(p, q) per position: the chance a sampled draft is kept. [..., v] -> [...]"""
+  p, q = jnp.exp(teacher_logp), jax.nn.softmax(student_logits, -1)
+  return jnp.minimum(p, q).sum(-1)
+
