@@ -48,17 +48,21 @@ class DecodeState:
   forwards: jax.Array  # [] int32 target forwards, prefill included
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
-def prefill(params, config: LlamaConfig, tokens, lengths, cache: KVCache):
-  """Runs the padded prompts [b, T]; returns last-position logits [b, v] and the cache.
+@functools.partial(jax.jit, static_argnames=("config", "hidden_layers"), donate_argnames=("cache",))
+def prefill(params, config: LlamaConfig, tokens, lengths, cache: KVCache,
+            hidden_layers: tuple[int, ...] = ()):
+  """Runs the padded prompts [b, T]; returns last-position logits [b, v], the hidden states at
+  `hidden_layers` for every prompt slot [l, b, T, d] (None when none are asked: drafters that
+  read target features start from them) and the cache.
 
   Pad slots are written but the cache length is set to each prompt's true length, so they
   are invisible and get overwritten by the first generated tokens.
   """
   positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-  logits, _, cache = llama.forward(params, config, tokens, positions, cache,
-                                   logits_at=(lengths - 1)[:, None])
-  return logits[:, 0], cache.with_lengths(lengths)
+  logits, hidden, cache = llama.forward(params, config, tokens, positions, cache,
+                                        hidden_layers=hidden_layers or (-1,),
+                                        logits_at=(lengths - 1)[:, None])
+  return logits[:, 0], (hidden if hidden_layers else None), cache.with_lengths(lengths)
 
 
 def emit(state: DecodeState, tok: jax.Array, eos_ids: tuple[int, ...]) -> DecodeState:
@@ -133,12 +137,12 @@ def generate(params, config: LlamaConfig, prompts, gen: GenerateConfig = Generat
   compile_s = 0.0
   if warmup:
     t = time.perf_counter()
-    logits, spare = prefill(params, config, tokens, lengths, jax.tree.map(jnp.copy, cache))
+    logits, _, spare = prefill(params, config, tokens, lengths, jax.tree.map(jnp.copy, cache))
     idle = _initial_state(spare, logits, key, gen, done=jnp.ones((b,), bool))
     jax.block_until_ready(decode_loop(params, config, gen, idle))
     compile_s = time.perf_counter() - t
   t0 = time.perf_counter()
-  logits, cache = prefill(params, config, tokens, lengths, cache)
+  logits, _, cache = prefill(params, config, tokens, lengths, cache)
   state = jax.block_until_ready(_initial_state(cache, logits, key, gen, jnp.zeros((b,), bool)))
   t1 = time.perf_counter()
   state = jax.block_until_ready(decode_loop(params, config, gen, state))

@@ -150,8 +150,10 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
 
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "drafter", "max_len"))
-def _start(params, dparams, config, spec, drafter, max_len, tokens, lengths, logits, cache, key):
-  """First token from the prefill logits, the history buffer and the drafter's state."""
+def _start(params, dparams, config, spec, drafter, max_len, tokens, lengths, logits, hidden,
+           cache, key):
+  """First token from the prefill logits, the history buffer and the drafter's state (which
+  may read the prefill's hidden states)."""
   b = tokens.shape[0]
   key, sub = jax.random.split(key)
   first = sample(sub, logits, spec.sampling)
@@ -161,7 +163,7 @@ def _start(params, dparams, config, spec, drafter, max_len, tokens, lengths, log
   done = n_out >= spec.max_new_tokens
   if spec.eos_ids:
     done |= jnp.isin(first, jnp.asarray(spec.eos_ids, jnp.int32))
-  view = TargetView(params, cache, history, lengths + 1)
+  view = TargetView(params, cache, history, lengths + 1, prompt_hidden=hidden)
   return SpecState(
       cache=cache, history=history, lengths=lengths + 1, n_out=n_out, done=done,
       drafter=drafter.init(dparams, view, config, max_len), key=key,
@@ -193,9 +195,10 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
       params, config, KVCache.init(config, b, max_len, per_layer=True), tokens, lengths, mesh)
 
   def start(cache, done_now: bool):
-    logits, cache = prefill(params, config, tokens, lengths, cache)
+    logits, hidden, cache = prefill(params, config, tokens, lengths, cache,
+                                    getattr(drafter, "hidden_layers", ()))
     state = _start(params, drafter_params, config, spec, drafter, max_len, tokens, lengths,
-                   logits, cache, key)
+                   logits, hidden, cache, key)
     return state.replace(done=state.done | done_now)
 
   compile_s = 0.0

@@ -26,6 +26,9 @@ class TargetView:
   cache: KVCache
   history: jax.Array  # [b, S] int32
   lengths: jax.Array  # [b] int32 valid tokens in history
+  # In `init` only, for drafters with `hidden_layers`: the prefill's hidden states there at every
+  # prompt slot [l, b, T, d] (slots past a row's prompt hold padding); None elsewhere.
+  prompt_hidden: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -51,7 +54,8 @@ class Verified:
 class Drafter(Protocol):
   tree: Any  # decode.trees.StaticTree | DynamicTree, or None for a chain of k drafts
   # Optional: hidden_layers, the target features `Verified.hidden` carries (default (-1,):
-  # the final-normed features; head drafters read them).
+  # the final-normed features) and `TargetView.prompt_hidden` holds in `init` (head drafters
+  # read them; drafters without the attribute get no prompt features).
 
   def check(self, target: LlamaConfig, params, k: int) -> None:
     """Host-side validation before anything is compiled; raises ValueError naming the value."""

@@ -53,13 +53,9 @@ class Medusa:
 
   def init(self, params, view: TargetView, config, max_len: int) -> jax.Array:
     """h [b, d]: the target's feature at the last prompt token (the one that gave the pending
-    token), recomputed with a one-token forward over the cached prompt."""
-    b = view.history.shape[0]
-    pos = view.lengths - 2  # the last prompt token
-    tok = view.history[jnp.arange(b), pos]
-    _, hidden, _ = llama.forward(view.params, config, tok[:, None], pos[:, None],
-                                 view.cache.with_lengths(pos))
-    return hidden[0, :, 0]  # [b, d]
+    token), from the prefill."""
+    rows = jnp.arange(view.history.shape[0])
+    return view.prompt_hidden[0][rows, view.lengths - 2]  # [b, d]
 
   def propose(self, params, state: jax.Array, view: TargetView, key, config, k: int,
               sampling: SamplingConfig):
