@@ -33,10 +33,29 @@ def draft_tree(params, config: LlamaConfig, cache: KVCache, last: jax.Array, key
   the root's slot). feed_leaves also feeds the last level, so a drafter with its own cache has
   every node's K/V whichever path the target keeps.
   """
-  b = last.shape[0]
   root = cache.lengths  # [b] the root's slot
   logits, _, cache = llama.forward(params, config, last[:, None], root[:, None], cache)
-  tokens, parents, q_rows = [last[:, None]], [jnp.full((b, 1), -1, jnp.int32)], []
+
+  def feed(cache, d, level, local, mask):
+    positions = (root + d)[:, None] + jnp.zeros(level.shape, jnp.int32)
+    logits, _, cache = llama.forward(params, config, level, positions, cache, mask)
+    return logits, cache
+
+  tokens, q, parents, cache = grow_tree(feed, cache, logits, key, tree, sampling, feed_leaves)
+  return tokens, q, parents, cache.with_lengths(root)
+
+
+def grow_tree(feed, carry, logits: jax.Array, key: jax.Array, tree: Tree,
+              sampling: SamplingConfig, feed_leaves: bool = False):
+  """Grows one tree per row from the root's logits [b, 1, v], level by level.
+
+  feed(carry, d, level [b, w], local [b, w], mask [b, w, nodes so far]) -> (logits [b, w, v],
+  carry) runs the drafter on depth d's nodes: local is each node's parent within depth d - 1,
+  mask its ancestors among all nodes so far, the root (node 0) first. Returns tokens [b, n],
+  q [b, n, v] or None, parents [b, n + 1] and the final carry.
+  """
+  b = logits.shape[0]
+  tokens, parents, q_rows = [], [jnp.full((b, 1), -1, jnp.int32)], []
   score = jnp.zeros((b, 1), jnp.float32)  # log draft probability of each node of the last level
   start, keys = 0, jax.random.split(key, len(tree.levels))
   for d, width in enumerate(tree.levels, 1):
@@ -58,13 +77,10 @@ def draft_tree(params, config: LlamaConfig, cache: KVCache, last: jax.Array, key
       q_rows.append(jnp.take_along_axis(q, local[..., None], 1))  # [b, w, v]
     start += prev
     if d < tree.depth or feed_leaves:
-      all_parents = jnp.concatenate(parents, 1)  # [b, nodes so far]
-      mask = ancestor_mask(all_parents, d)[:, -width:]  # [b, w, nodes so far]
-      logits, _, cache = llama.forward(params, config, level, (root + d)[:, None] + jnp.zeros(
-          (1, width), jnp.int32), cache, mask)
+      mask = ancestor_mask(jnp.concatenate(parents, 1), d)[:, -width:]  # [b, w, nodes so far]
+      logits, carry = feed(carry, d, level, local, mask)
   q = jnp.concatenate(q_rows, 1) if q_rows else None
-  return (jnp.concatenate(tokens[1:], 1), q, jnp.concatenate(parents, 1),
-          cache.with_lengths(root))
+  return jnp.concatenate(tokens, 1), q, jnp.concatenate(parents, 1), carry
 
 
 def _static_level(tree: StaticTree, d: int, start: int) -> tuple[np.ndarray, np.ndarray]:
