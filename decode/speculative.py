@@ -91,11 +91,24 @@ def _verify(params, config, spec, drafter, draft, view, last, key):
   layers = getattr(drafter, "hidden_layers", (-1,))  # target features the drafter reads
   if draft.parents is None:  # a chain: position i after the root, causal mask
     k = draft.tokens.shape[1]
-    logits, hidden, cache = llama.forward(params, config, block, root[:, None] + jnp.arange(k + 1),
-                                          view.cache, hidden_layers=layers)
     if q is None and not spec.sampling.greedy:  # deterministic drafter: q is one-hot
       q = jax.nn.one_hot(draft.tokens, config.vocab_size, dtype=jnp.float32)
-    n_acc, nxt = verify_chain(key, logits, draft.tokens, q, spec.sampling)
+
+    def chain(m):  # verifies the first m drafts with one forward of m + 1 tokens
+      logits, hidden, cache = llama.forward(params, config, block[:, :m + 1],
+                                            root[:, None] + jnp.arange(m + 1), view.cache,
+                                            hidden_layers=layers)
+      n_acc, nxt = verify_chain(key, logits, draft.tokens[:, :m], None if q is None else
+                                q[:, :m], spec.sampling, draft.length)
+      pad = lambda x, axis: jnp.pad(x, [(0, k - m if a == axis else 0) for a in range(x.ndim)])
+      return pad(logits, 1), pad(hidden, 2), cache, n_acc, nxt
+
+    if draft.length is None:
+      logits, hidden, cache, n_acc, nxt = chain(k)
+    else:  # adaptive length: the forward covers the longest draft of the batch, no more
+      m = jnp.clip(jnp.max(draft.length), 1, k)
+      logits, hidden, cache, n_acc, nxt = jax.lax.switch(
+          m - 1, [functools.partial(chain, i) for i in range(1, k + 1)])
     path = jnp.broadcast_to(jnp.arange(k + 1, dtype=jnp.int32), (b, k + 1))
     kept = draft.tokens
   else:

@@ -35,16 +35,20 @@ def verify_chain(
     draft_tokens: jax.Array,  # [b, k] int32
     draft_probs: jax.Array | None,  # [b, k, v] drafter's q after `sampling`; None for greedy
     sampling: SamplingConfig,
+    length: jax.Array | None = None,  # [b] int32 drafts to check (adaptive length); None: k
 ) -> tuple[jax.Array, jax.Array]:
-  """Returns (n_accepted [b] int32 in [0, k], next_token [b] int32).
+  """Returns (n_accepted [b] int32 in [0, length or k], next_token [b] int32).
 
   The step emits draft_tokens[:, :n_accepted] followed by next_token: the target's correction
-  at the first rejected position, or its bonus token when all k drafts are kept.
+  at the first rejected position, or its bonus token when all checked drafts are kept (drawn
+  from p there: a draft the drafter withdrew has no q to correct for).
   """
   _check_shapes(target_logits, draft_tokens, draft_probs, sampling)
+  k = draft_tokens.shape[1]
+  checked = jnp.ones((1, k), bool) if length is None else jnp.arange(k)[None] < length[:, None]
   if sampling.greedy:
-    return _verify_greedy(target_logits, draft_tokens)
-  return _verify_sampled(key, target_logits, draft_tokens, draft_probs, sampling)
+    return _verify_greedy(target_logits, draft_tokens, checked)
+  return _verify_sampled(key, target_logits, draft_tokens, draft_probs, sampling, checked)
 
 
 def emitted_tokens(
@@ -88,9 +92,9 @@ def _accepted_prefix(accept: jax.Array) -> jax.Array:
   return jnp.cumprod(accept.astype(jnp.int32), -1).sum(-1).astype(jnp.int32)
 
 
-def _verify_greedy(target_logits, draft_tokens):
+def _verify_greedy(target_logits, draft_tokens, checked):
   best = jnp.argmax(target_logits, -1).astype(jnp.int32)  # [b, k+1]
-  n = _accepted_prefix(draft_tokens == best[:, :-1])  # [b]
+  n = _accepted_prefix((draft_tokens == best[:, :-1]) & checked)  # [b]
   next_token = jnp.take_along_axis(best, n[:, None], 1)[:, 0]  # [b]
   return n, next_token
 
@@ -111,16 +115,17 @@ def _residual(p: jax.Array, q: jax.Array) -> jax.Array:
   return jnp.where(mass > _MIN_RESIDUAL_MASS, r / jnp.maximum(mass, _MIN_RESIDUAL_MASS), p)
 
 
-def _verify_sampled(key, target_logits, draft_tokens, draft_probs, sampling):
+def _verify_sampled(key, target_logits, draft_tokens, draft_probs, sampling, checked):
   b, k = draft_tokens.shape
   p = probs(target_logits, sampling)  # [b, k+1, v]
-  q = draft_probs.astype(jnp.float32)  # [b, k, v]
+  # Unchecked drafts are rejected, and their zero q makes the residual there p itself.
+  q = draft_probs.astype(jnp.float32) * checked[..., None]  # [b, k, v]
   # Columns 0..k-1 decide acceptance, column k draws next_token: all independent (the rejected
   # position's own uniform is conditioned by its rejection, so it must not be reused).
   u = jax.random.uniform(key, (b, k + 1))  # [b, k+1]
   px = jnp.take_along_axis(p[:, :k], draft_tokens[..., None], -1)[..., 0]  # [b, k]
   qx = jnp.take_along_axis(q, draft_tokens[..., None], -1)[..., 0]  # [b, k]
-  n = _accepted_prefix(_accept(u[:, :k], px, qx))  # [b]
+  n = _accepted_prefix(_accept(u[:, :k], px, qx) & checked)  # [b]
   # A zero q row at position k makes the residual there p_k itself: the bonus draw.
   q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], 1)  # [b, k+1, v]
   rows = jnp.arange(b)

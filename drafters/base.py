@@ -39,6 +39,9 @@ class Draft:
   # transform (a tree node's: its parent's q before siblings are removed); None = one-hot.
   probs: jax.Array | None
   parents: jax.Array | None = None  # [b, n + 1] int32 tree parents (root -1); None = a chain
+  # [b] int32 in [1, k]: a chain's drafts to verify, the rest count as rejected (adaptive
+  # draft length); None = all k.
+  length: jax.Array | None = None
 
 
 @flax.struct.dataclass

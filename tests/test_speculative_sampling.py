@@ -2,8 +2,9 @@
 
 Many copies of one prompt run as one batch (rows draw independent randoms), with a draft model
 whose distribution differs from the target's, drafting a chain, a static tree whose siblings are
-drawn without replacement, or a dynamic tree of deterministic top candidates, and with Medusa
-heads drafting a static tree. The exact target law comes from the target's own logits: p(x)
+drawn without replacement, or a dynamic tree of deterministic top candidates, with Medusa
+heads drafting a static tree, and with EAGLE drafting a static tree or an adaptive-length chain
+(SpecDec++ stops: fewer drafts verified, the rest rejected). The exact target law comes from the target's own logits: p(x)
 after the prompt and p(y | x) after prompt + x, through the same sampling transform. Planted verifiers (one that skips the residual resampling,
 one that treats siblings drawn without replacement as i.i.d.) must fail the same bound.
 """
@@ -21,6 +22,7 @@ from decode import speculative, verify_tree
 from decode.speculative import SpecConfig, speculative_generate
 from decode.trees import DynamicTree, StaticTree
 from drafters.draft_model import DraftModel
+from drafters.eagle import Eagle
 from drafters.medusa import Medusa
 from models import llama
 
@@ -56,7 +58,9 @@ def _tv(samples, exact):
 
 DRAFTERS = {"chain": DraftModel(CFG), "static-tree": DraftModel(CFG, StaticTree.full((3, 2))),
             "dynamic-tree": DraftModel(CFG, DynamicTree(width=3, depth=2, children=3)),
-            "medusa-tree": Medusa(3, StaticTree.full((3, 2)))}
+            "medusa-tree": Medusa(3, StaticTree.full((3, 2))),
+            "eagle-tree": Eagle(tree=StaticTree.full((3, 2))),
+            "eagle-adaptive": Eagle(stop_threshold=0.5)}
 
 
 def _heads():
@@ -64,6 +68,16 @@ def _heads():
   k1, k2 = jax.random.split(jax.random.key(5))
   return {"w": jax.random.normal(k1, (3, CFG.d_model, CFG.d_model)) * CFG.d_model ** -0.5,
           "b": jax.random.normal(k2, (3, CFG.d_model))}
+
+
+def _eagle(target):
+  """EAGLE params for CFG whose q differs from p, and whose acceptance head stops chains after
+  1, 2 or 3 drafts depending on the drafted features."""
+  k1, k2 = jax.random.split(jax.random.key(6))
+  params = Eagle().init_params(CFG, k1, target)
+  params["fc"] = params["fc"] + jax.random.normal(k1, params["fc"].shape) * 0.3
+  params["accept"] = {"w": jax.random.normal(k2, (CFG.d_model,)), "b": jnp.asarray(1.0)}
+  return params
 
 
 def _run(target, draft, sampling, seed, drafter=DRAFTERS["chain"]):
@@ -85,7 +99,8 @@ SETTINGS = [SamplingConfig(temperature=0.7), SamplingConfig(temperature=1.0),
 def test_first_and_second_tokens_follow_target(models, sampling, drafter):
   target, draft = models
   p1, p2 = _exact(target, sampling)
-  dparams = _heads() if drafter.startswith("medusa") else draft
+  dparams = (_heads() if drafter.startswith("medusa") else
+             _eagle(target) if drafter.startswith("eagle") else draft)
   first, second = _run(target, dparams, sampling, seed=0, drafter=DRAFTERS[drafter])
   assert _tv(first, p1) < BOUND and _tv(second, p2) < BOUND
   assert np.all(p1[first] > 0) and np.all(p2[second] > 0)  # nothing outside top-p

@@ -1,0 +1,286 @@
+"""EAGLE (Li et al. 2024): one decoder layer that drafts in the target's feature space.
+
+Entry i of the draft layer reads g_i, the target's feature at token i, and the embedding of
+token i + 1 (the target's table, shared): x_i = W [g_i; e(x_{i+1})], then one decoder layer of
+the target's architecture with its own KV cache and a norm give a_i, the predicted feature at
+i + 1, whose logits through the target's output head are the law of token i + 2. Drafting
+continues autoregressively on the drafter's own features: the next entry reads (a_i, e(draft)).
+
+- EAGLE-1: g is the final-normed feature (feature_layers (-1,)); training adds a regression of
+  a_i onto the target's feature at i + 1 (feature_weight).
+- EAGLE-3 (`Eagle.eagle3`): g fuses low, middle and high layer features with a learned
+  projection, and training runs the drafter on its own outputs for `ttt_steps` steps
+  ("training-time test"): step s's entries read step s - 1's outputs and attend to the real
+  entries before their rollout started plus their own rollout's entries, as at decode time.
+- EAGLE-2 dynamic trees: any decode.trees tree, grown level by level (drafters.tree_draft).
+- SpecDec++ (Huang et al. 2024) adaptive length: with `stop_threshold`, an acceptance head on
+  a_i predicts the chance each draft is kept; a chain stops once the predicted chance that some
+  draft so far is rejected passes the threshold. The verifier checks only those drafts, so
+  output stays lossless whatever the head says.
+
+The drafter's cache holds the real entries 0 .. P - 1 (P the pending token's position: entry
+P - 1 pairs the target's last feature with the pending token), and its state keeps a at P - 1,
+whose logits give the first draft. Drafted entries go at P, P + 1, ... and are overwritten by
+the next update, which feeds the kept path's target features.
+
+Dims: b batch, t time, l feature layers, d model, v vocab, s ttt steps.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from decode.sampling import SamplingConfig, probs, sample
+from decode.trees import Tree
+from drafters.base import Draft, TargetView, Verified
+from drafters.tree_draft import check_tree, grow_tree
+from models import llama
+from models.kvcache import KVCache
+
+
+@flax.struct.dataclass
+class EagleState:
+  cache: KVCache  # the draft layer's cache; lengths = P, the pending token's position
+  feature: jax.Array  # [b, d] a at P - 1: its logits give the first draft
+  config: object = flax.struct.field(pytree_node=False)  # the target's LlamaConfig (static)
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle:
+  feature_layers: tuple[int, ...] = (-1,)  # target hidden states fused into g (HF indexing)
+  ttt_steps: int = 1  # training rollout steps on the drafter's own features (EAGLE-3: > 1)
+  feature_weight: float = 1.0  # EAGLE-1 feature regression (single final feature only)
+  tree: Tree | None = None  # None: a chain of k drafts
+  stop_threshold: float | None = None  # SpecDec++: stop once P(some draft rejected) > this
+
+  def __post_init__(self):
+    if not self.feature_layers:
+      raise ValueError("feature_layers must name at least one target hidden state")
+    if self.ttt_steps < 1:
+      raise ValueError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
+    if self.stop_threshold is not None:
+      if not 0 < self.stop_threshold < 1:
+        raise ValueError(f"stop_threshold (acceptance threshold) must be in (0, 1), "
+                         f"got {self.stop_threshold}")
+      if self.tree is not None:
+        raise ValueError("stop_threshold (adaptive draft length) applies to chains; drop the tree")
+
+  @classmethod
+  def eagle3(cls, n_layers: int, **kw) -> Eagle:
+    """EAGLE-3 defaults: low, middle and high layer features, 3 training-time-test steps."""
+    layers = tuple(sorted({min(2, n_layers), max(n_layers // 2, 1), max(n_layers - 3, 1)}))
+    return cls(feature_layers=layers, **{"ttt_steps": 3, "feature_weight": 0.0, **kw})
+
+  @property
+  def hidden_layers(self) -> tuple[int, ...]:
+    return self.feature_layers
+
+  def check(self, target, params, k: int) -> None:
+    if params is None:
+      raise ValueError("an EAGLE drafter needs its params (drafter_params=...)")
+    want = jax.tree.map(lambda x: x.shape, jax.eval_shape(lambda: self.init_params(target)))
+    got = jax.tree.map(lambda x: tuple(x.shape), params)
+    if jax.tree.structure(got) != jax.tree.structure(want) or got != want:
+      raise ValueError(f"EAGLE params do not fit this target (d_model {target.d_model}, "
+                       f"{len(self.feature_layers)} feature layers): were they trained on "
+                       f"another target? expected {_flat(want)}, got {_flat(got)}")
+    for i in self.feature_layers:
+      if not -(target.n_layers + 1) <= i <= target.n_layers:
+        raise ValueError(f"feature layer {i} out of range for {target.n_layers} layers")
+    check_tree(self.tree, target.vocab_size)
+
+  def prepare(self, params):
+    return params
+
+  def init_params(self, config, key=None, target_params=None) -> dict:
+    """fc passes g through (the embedding half starts at zero); the layer is random, or a copy
+    of the target's last layer when target_params are given; the acceptance head starts at
+    sigmoid(2) ~ 0.88 for every draft."""
+    d, n = config.d_model, len(self.feature_layers)
+    key = jax.random.key(0) if key is None else key
+    if target_params is not None:
+      layer = jax.tree.map(lambda x: x[-1], target_params["layers"])
+    else:
+      c = _layer_config(config)
+      x, pos = jnp.zeros((1, 1, d), jnp.float32), jnp.zeros((1, 1), jnp.int32)
+      ctx = (*llama.rope_tables(c, pos), None, jnp.ones((1, 1, 1), bool), None)
+      layer = nn.unbox(llama.Block(c).init(key, x, None, ctx)["params"])
+    params = {"fc": jnp.concatenate([jnp.eye(d), jnp.zeros((d, d))]),  # [2d, d]
+              "layer": layer, "norm": jnp.ones((d,), jnp.float32),
+              "accept": {"w": jnp.zeros((d,), jnp.float32), "b": jnp.full((), 2.0, jnp.float32)}}
+    if n > 1:
+      params["fuse"] = jnp.tile(jnp.eye(d) / n, (n, 1))  # [l d, d]: the mean of the features
+    return params
+
+  # ----- decoding -----
+
+  def init(self, params, view: TargetView, config, max_len: int) -> EagleState:
+    """Feeds the prompt's real entries: feature i with token i + 1, up to the pending token."""
+    f = view.prompt_hidden  # [l, b, T, d]
+    b, t = f.shape[1:3]
+    cache = KVCache.init(_layer_config(config), b, max_len, dtype=jnp.float32, per_layer=True)
+    a, cache = _step(params, view.params, config, _fuse(params, f), view.history[:, 1:t + 1],
+                     jnp.broadcast_to(jnp.arange(t), (b, t)), cache, llama.causal_mask(b, t))
+    pending = view.lengths - 1  # [b]
+    return EagleState(cache.with_lengths(pending), a[jnp.arange(b), pending - 1], config)
+
+  def propose(self, params, state: EagleState, view: TargetView, key, config, k: int,
+              sampling: SamplingConfig):
+    root = state.cache.lengths  # [b] P
+    logits = llama.lm_head(view.params, config, state.feature)  # [b, v]
+    if self.tree is not None:
+      return self._tree(params, state, view, key, config, sampling, logits), state, view
+    b = logits.shape[0]
+    greedy = sampling.greedy
+
+    def body(c):
+      s, tokens, q, feature, logits, cache, p_kept, length = c
+      tok = sample(jax.random.fold_in(key, s), logits, sampling)  # [b]
+      tokens = tokens.at[:, s].set(tok)
+      if not greedy:
+        q = q.at[:, s].set(probs(logits, sampling))
+      if self.stop_threshold is not None:  # SpecDec++: P(all drafts so far kept)
+        p_kept = p_kept * jax.nn.sigmoid(_accept_logit(params, feature))
+        stop = (1 - p_kept > self.stop_threshold) & (length == k)
+        length = jnp.where(stop, s + 1, length)
+      a, cache = _step(params, view.params, config, feature[:, None], tok[:, None],
+                       (root + s)[:, None], cache, jnp.ones((b, 1, 1), bool))
+      return (s + 1, tokens, q, a[:, 0], llama.lm_head(view.params, config, a[:, 0]), cache,
+              p_kept, length)
+
+    def cond(c):
+      return (c[0] < k) & jnp.any(c[-1] == k)
+
+    q0 = None if greedy else jnp.zeros((b, k, logits.shape[-1]), jnp.float32)
+    init = (jnp.zeros((), jnp.int32), jnp.zeros((b, k), jnp.int32), q0, state.feature, logits,
+            state.cache, jnp.ones((b,), jnp.float32), jnp.full((b,), k, jnp.int32))
+    _, tokens, q, *_, length = jax.lax.while_loop(cond, body, init)
+    return Draft(tokens, q, length=None if self.stop_threshold is None else length), state, view
+
+  def _tree(self, params, state: EagleState, view, key, config, sampling, logits) -> Draft:
+    """EAGLE-2: the tree grows level by level; a node's entry reads its parent's feature."""
+    root = state.cache.lengths
+
+    def feed(carry, d, level, local, mask):
+      cache, parent = carry  # parent: [b, w_prev, d] features of depth d - 1
+      g = jnp.take_along_axis(parent, local[..., None], 1)  # [b, w, d]
+      positions = (root + d - 1)[:, None] + jnp.zeros(level.shape, jnp.int32)
+      # The root has no entry of its own (entry P - 1 is real): drop its mask column.
+      a, cache = _step(params, view.params, config, g, level, positions, cache, mask[..., 1:])
+      return llama.lm_head(view.params, config, a), (cache, a)
+
+    tokens, q, parents, _ = grow_tree(feed, (state.cache, state.feature[:, None]),
+                                      logits[:, None], key, self.tree, sampling)
+    return Draft(tokens, q, parents)
+
+  def update(self, params, state: EagleState, view: TargetView, verified: Verified) -> EagleState:
+    """Feeds the kept path's real entries (target feature, next kept token) from slot P on."""
+    root = state.cache.lengths  # [b] P before this step
+    b, m = verified.path.shape  # m = depth + 1
+    rows = jnp.arange(b)[:, None]
+    f = verified.hidden[:, rows, verified.path]  # [l, b, m, d]
+    slots = root[:, None] + jnp.arange(m)  # [b, m]
+    nxt = view.history[rows, jnp.minimum(slots + 1, view.history.shape[1] - 1)]  # [b, m]
+    a, cache = _step(params, view.params, state.config, _fuse(params, f), nxt, slots,
+                     state.cache, llama.causal_mask(b, m))
+    pending = view.lengths - 1  # [b] new P; entry pending - 1 is the last kept one
+    last = jnp.clip(pending - 1 - root, 0, m - 1)
+    return state.replace(cache=cache.with_lengths(pending), feature=a[jnp.arange(b), last])
+
+  # ----- training -----
+
+  def train_outputs(self, params, frozen, config, batch, key) -> dict:
+    """Rollouts of ttt_steps steps from every position (teacher-forced tokens): step s's
+    output at position i belongs to the rollout started at r = i - s + 1 and is the law of the
+    token the cache's distribution at r + s is of."""
+    f, tokens = batch["hidden"], batch["tokens"]  # [l, b, t, d], [b, t]
+    b, t = tokens.shape
+    nxt = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], 1)  # [b, t] token i + 1 (last: pad)
+    x1 = _entries(params, frozen, _fuse(params, f), nxt)  # [b, t, d]
+    xs, logits, accept, out = [x1], [], [], {}
+    for s in range(1, self.ttt_steps + 1):
+      x = jnp.concatenate(xs, 1)  # [b, s t, d] every step's entries so far
+      positions = jnp.broadcast_to(jnp.tile(jnp.arange(t), s), (b, s * t))
+      mask = jnp.broadcast_to(jnp.asarray(ttt_mask(t, s)), (b, s * t, s * t))
+      y, _ = _layer(params, config, x, positions, None, None, mask)
+      a = llama.rms_norm(y[:, -t:], params["norm"], config.norm_eps)  # [b, t, d] step s
+      shift = lambda z: jnp.concatenate([z[:, s - 1:], jnp.zeros_like(z[:, :s - 1])], 1)
+      logits.append(shift(llama.lm_head(frozen, config, a)))  # [b, t, v] by rollout start
+      accept.append(shift(_accept_logit(params, a)))  # [b, t]
+      if s == 1 and len(self.feature_layers) == 1 and self.feature_weight:
+        mask2 = batch["mask"][:, 1:] * batch["mask"][:, :-1]  # [b, t - 1]
+        err = optax.huber_loss(a[:, :-1], f[0][:, 1:]).mean(-1)  # smooth L1 vs feature i + 1
+        reg = (err * mask2).sum() / jnp.maximum(mask2.sum(), 1)
+        out = {"aux_loss": self.feature_weight * reg, "metrics": {"feature_loss": reg}}
+      g = jnp.concatenate([jnp.zeros_like(a[:, :1]), a[:, :-1]], 1)  # entry i reads a_{i-1}
+      xs.append(_entries(params, frozen, g, nxt))
+    out |= {"logits": jnp.stack(logits, 2)}  # [b, t, s, v]
+    if self.stop_threshold is not None:
+      out["accept_logits"] = jnp.stack(accept, 2)  # [b, t, s]
+    return out
+
+
+def ttt_mask(t: int, s: int) -> np.ndarray:
+  """[s t, s t] bool: which entries step s_q at position i sees during training-time test.
+
+  Its rollout started at r = i - s_q + 1: it sees step 1's (real) entries at positions <= r and
+  its own rollout's entries of steps 2 .. s_q, which sit at positions i - (s_q - s_k).
+  """
+  sq, i = np.divmod(np.arange(s * t), t)  # step - 1 and position of each row / column
+  sq, i = sq[:, None] + 1, i[:, None]
+  sk, j = sq.T, i.T
+  real = (sk == 1) & (j <= i - sq + 1)
+  own = (sk >= 2) & (sk <= sq) & (j == i - (sq - sk))
+  return real | own
+
+
+def _layer_config(config):
+  """The draft layer: one decoder layer of the target's shape, plain XLA attention."""
+  return dataclasses.replace(config, n_layers=1, attention_impl="xla")
+
+
+def _layer(params, config, x, positions, layer_kv, lengths, mask):
+  """The decoder layer on x [b, t, d]; mask [b, t, s] over the cache (or [b, t, t] without)."""
+  c = _layer_config(config)
+  ctx = (*llama.rope_tables(c, positions), lengths, mask, None)
+  y, (layer_kv, _) = llama.Block(c).apply({"params": params["layer"]}, x, layer_kv, ctx)
+  return y, layer_kv
+
+
+def _entries(params, frozen, g, tokens):
+  """x = W [g; e(token)]: g [b, t, d], tokens [b, t] -> [b, t, d]."""
+  e = jnp.take(frozen["embed"], tokens, axis=0).astype(jnp.float32)
+  return jnp.concatenate([g, e], -1) @ params["fc"]
+
+
+def _step(params, frozen, config, g, tokens, positions, cache: KVCache, new_mask):
+  """Appends entries (g [b, t, d], tokens [b, t]) at positions to the draft cache; returns the
+  drafter's features a [b, t, d] and the cache. new_mask [b, t, u] as KVCache.attention_mask."""
+  x = _entries(params, frozen, g, tokens)
+  y, (k, v) = _layer(params, config, x, positions, (cache.k[0], cache.v[0]), cache.lengths,
+                     cache.attention_mask(new_mask))
+  cache = cache.replace(k=(k,), v=(v,), lengths=cache.lengths + tokens.shape[1])
+  return llama.rms_norm(y, params["norm"], config.norm_eps), cache
+
+
+def _fuse(params, f):
+  """Target features [l, ..., d] -> g [..., d]: the one feature, or the learned fusion."""
+  if f.shape[0] == 1:
+    return f[0].astype(jnp.float32)
+  return jnp.concatenate(list(f), -1).astype(jnp.float32) @ params["fuse"]
+
+
+def _accept_logit(params, a):
+  """SpecDec++ acceptance head: a [..., d] -> the logit that the draft a's logits give is kept."""
+  return a @ params["accept"]["w"] + params["accept"]["b"]
+
+
+def _flat(shapes) -> str:
+  return ", ".join(f"{jax.tree_util.keystr(p)}: {s}" for p, s in
+                   jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))[0])

@@ -1,0 +1,139 @@
+"""EAGLE drafter: lossless chains/trees/adaptive length, its cache against a recomputation, the
+training-time-test rollouts against decode-time drafting, training, bad input."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.models import get_preset
+from decode.sampling import SamplingConfig
+from decode.speculative import SpecConfig, speculative_generate
+from decode.trees import DynamicTree, StaticTree
+from drafters import eagle
+from drafters.base import TargetView
+from drafters.eagle import Eagle
+from models import llama
+from tiny_prompts import NEW, PROMPTS
+
+
+def _params(cfg, params, drafter, seed=1):
+  """Random EAGLE params (nonzero everywhere, so a test can tell the pieces apart)."""
+  p = drafter.init_params(cfg, jax.random.key(seed), params)
+  keys = iter(jax.random.split(jax.random.key(seed + 1), 8))
+  p["fc"] = p["fc"] + jax.random.normal(next(keys), p["fc"].shape) * 0.1
+  p["accept"] = {"w": jax.random.normal(next(keys), (cfg.d_model,)) * 0.3, "b": jnp.asarray(1.0)}
+  if "fuse" in p:
+    p["fuse"] = p["fuse"] + jax.random.normal(next(keys), p["fuse"].shape) * 0.1
+  return p
+
+
+MODES = {"chain": Eagle(), "static-tree": Eagle(tree=StaticTree.full((3, 2, 1))),
+         "dynamic-tree": Eagle(tree=DynamicTree(width=4, depth=3, children=3)),
+         "eagle3": Eagle.eagle3(2), "adaptive": Eagle(stop_threshold=0.5)}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_eagle_greedy_equals_target_only(tiny, tiny_reference, mode):
+  cfg, params = tiny
+  drafter = MODES[mode]
+  out = speculative_generate(params, cfg, PROMPTS[:4], drafter, SpecConfig(k=4, max_new_tokens=NEW),
+                             drafter_params=_params(cfg, params, drafter))
+  assert out.tokens == tiny_reference[:4]
+  assert out.row_steps > 0
+
+
+def test_eagle_batch_one_and_sampled_run(tiny, tiny_reference):
+  cfg, params = tiny
+  drafter = MODES["dynamic-tree"]
+  out = speculative_generate(params, cfg, PROMPTS[4:5], drafter, SpecConfig(k=4, max_new_tokens=NEW),
+                             drafter_params=_params(cfg, params, drafter))
+  assert out.tokens == tiny_reference[4:5]
+  sampled = speculative_generate(
+      params, cfg, PROMPTS[:2], MODES["adaptive"],
+      SpecConfig(k=4, max_new_tokens=NEW, sampling=SamplingConfig(temperature=1.0)),
+      drafter_params=_params(cfg, params, MODES["adaptive"]), key=jax.random.key(3))
+  assert all(len(t) == NEW for t in sampled.tokens)
+
+
+@pytest.mark.parametrize("mode", ["chain", "static-tree", "eagle3"])
+def test_eagle_cache_matches_a_recomputation(tiny, mode):
+  """After decoding, the drafter's feature equals a from-scratch pass of the draft layer over
+  the real entries (target features, next tokens): the cache kept the right path's entries."""
+  cfg, params = tiny
+  drafter = MODES[mode]
+  dparams = _params(cfg, params, drafter)
+  prompt = PROMPTS[1]
+  out = speculative_generate(params, cfg, [prompt], drafter, SpecConfig(k=3, max_new_tokens=9),
+                             drafter_params=dparams)
+  seq = prompt + out.tokens[0]  # the last token is the pending one
+  ids = jnp.asarray([seq])
+  _, hidden, _ = llama.forward_jit(params, cfg, ids, jnp.arange(len(seq))[None],
+                                   hidden_layers=drafter.hidden_layers)
+  view = TargetView(params, None, jnp.pad(ids, ((0, 0), (0, 4))), jnp.asarray([len(seq)]),
+                    prompt_hidden=hidden[:, :, :-1])
+  fresh = drafter.init(dparams, view, cfg, 64)
+  np.testing.assert_allclose(out.drafter_state.feature, fresh.feature, rtol=2e-4, atol=2e-4)
+  assert int(out.drafter_state.cache.lengths[0]) == len(seq) - 1
+
+
+def test_training_time_test_matches_decode_time_drafting(tiny):
+  """Step s of the training rollout from r gives the logits chain drafting gives at its s-th
+  draft after the real entries up to r, with the same (teacher-forced) tokens."""
+  cfg, params = tiny
+  drafter = Eagle.eagle3(cfg.n_layers, ttt_steps=3)
+  dparams = _params(cfg, params, drafter)
+  tokens = jnp.asarray([sum(PROMPTS, [])[:14]])
+  t = tokens.shape[1]
+  _, hidden, _ = llama.forward_jit(params, cfg, tokens, jnp.arange(t)[None],
+                                   hidden_layers=drafter.hidden_layers)
+  batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.ones((1, t))}
+  train = drafter.train_outputs(dparams, params, cfg, batch, jax.random.key(0))["logits"]
+  for r in (2, 6):
+    view = TargetView(params, None, jnp.pad(tokens, ((0, 0), (0, 8))), jnp.asarray([r + 2]),
+                      prompt_hidden=hidden[:, :, :r + 1])
+    state = drafter.init(dparams, view, cfg, 32)  # real entries 0..r; pending token r + 1
+    feature, cache = state.feature, state.cache
+    for s in range(1, 4):
+      np.testing.assert_allclose(train[0, r, s - 1], llama.lm_head(params, cfg, feature)[0],
+                                 rtol=2e-4, atol=2e-4)
+      a, cache = eagle._step(dparams, params, cfg, feature[:, None], tokens[:, r + s + 1, None],
+                             jnp.asarray([[r + s]]), cache, jnp.ones((1, 1, 1), bool))
+      feature = a[:, 0]
+
+
+def test_ttt_mask_structure():
+  m = eagle.ttt_mask(4, 3)  # rows/cols: step-major, position-minor
+  assert m[:4, :4].tolist() == np.tril(np.ones((4, 4), bool)).tolist()  # step 1 is causal
+  # Step 3 at position 3 started its rollout at r = 1: real entries 0, 1, then its own.
+  assert np.flatnonzero(m[8 + 3]).tolist() == [0, 1, 4 + 2, 8 + 3]
+  assert m.sum(1).min() >= 1
+
+
+def test_adaptive_length_stops_early(tiny):
+  """The acceptance head's stop rule: drafts beyond the stop are not verified."""
+  cfg, params = tiny
+  drafter = MODES["adaptive"]
+  dparams = _params(cfg, params, drafter)
+  dparams["accept"] = {"w": jnp.zeros((cfg.d_model,)), "b": jnp.asarray(0.0)}  # P(kept) 1/2
+  out = speculative_generate(params, cfg, PROMPTS[:2], drafter, SpecConfig(k=4, max_new_tokens=NEW),
+                             drafter_params=dparams)
+  # 1 - 1/2 = 0.5 is not > 0.5, 1 - 1/4 is: two drafts per step, never a third.
+  assert out.accepted_at[2:].sum() == 0 and out.accepted_at[0] > 0
+
+
+def test_bad_eagle_input(tiny):
+  cfg, params = tiny
+  for bad in (0.0, 1.0, -0.2, 1.5):
+    with pytest.raises(ValueError, match=f"acceptance threshold\\) must be in \\(0, 1\\), got {bad}"):
+      Eagle(stop_threshold=bad)
+  with pytest.raises(ValueError, match="applies to chains"):
+    Eagle(stop_threshold=0.5, tree=StaticTree.full((2,)))
+  other = get_preset("tiny-untied-llama3")
+  foreign = Eagle().init_params(other)
+  with pytest.raises(ValueError, match="trained on another target"):
+    speculative_generate(params, cfg, [[1, 2]], Eagle(), SpecConfig(k=3), drafter_params=foreign)
+  with pytest.raises(ValueError, match="trained on another target"):  # EAGLE-1 params, EAGLE-3
+    speculative_generate(params, cfg, [[1, 2]], Eagle.eagle3(2), SpecConfig(k=3),
+                         drafter_params=Eagle().init_params(cfg))
+  with pytest.raises(ValueError, match="needs its params"):
+    speculative_generate(params, cfg, [[1, 2]], Eagle(), SpecConfig(k=3))
