@@ -137,3 +137,38 @@ def test_bad_eagle_input(tiny):
                          drafter_params=Eagle().init_params(cfg))
   with pytest.raises(ValueError, match="needs its params"):
     speculative_generate(params, cfg, [[1, 2]], Eagle(), SpecConfig(k=3))
+
+
+@pytest.mark.parametrize("drafter", [Eagle(stop_threshold=0.5),
+                                     Eagle.eagle3(2, ttt_steps=2, stop_threshold=0.5)],
+                         ids=["eagle1", "eagle3"])
+def test_eagle_learns_the_target_and_its_acceptance(tiny, drafter):
+  """Self-distillation on target features: held-out acceptance of every trained depth rises and
+  the acceptance head's loss falls; the target stays frozen."""
+  from train.distill import init_state, train_step
+  from train.heads import HeadsConfig
+  from train.optim import OptimConfig
+  cfg, params = tiny
+  heads = HeadsConfig(drafter, optim=OptimConfig(learning_rate=3e-3, warmup_steps=2,
+                                                 total_steps=30))
+  rng = np.random.default_rng(0)
+
+  def batch():
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (8, 24)))
+    logits, hidden, _ = llama.forward_jit(params, cfg, tokens, jnp.arange(24)[None],
+                                          hidden_layers=drafter.hidden_layers)
+    logprobs, ids = jax.lax.top_k(jax.nn.log_softmax(logits), 16)
+    return {"tokens": tokens, "hidden": hidden, "ids": ids.astype(jnp.int32),
+            "logprobs": logprobs, "mask": jnp.ones(tokens.shape, jnp.float32)}
+
+  train, held = batch(), batch()
+  frozen = jax.tree.map(np.copy, params)
+  state = init_state(_params(cfg, params, drafter), heads)
+  _, before = heads.objective(state.params, cfg, held, jax.random.key(0), params)
+  for _ in range(heads.optim.total_steps):
+    state, _ = train_step(state, train, cfg, heads, params)
+  _, after = heads.objective(state.params, cfg, held, jax.random.key(0), params)
+  for j in range(1, drafter.ttt_steps + 1):
+    assert after[f"acceptance/depth{j}"] > before[f"acceptance/depth{j}"] + 0.01, j
+    assert after[f"acceptance_head_bce/depth{j}"] < before[f"acceptance_head_bce/depth{j}"], j
+  jax.tree.map(np.testing.assert_array_equal, params, frozen)
