@@ -16,17 +16,15 @@ import json
 import pathlib
 
 import jax
-import numpy as np
 
-from decode.generate import GenerateConfig, generate
 from decode.sampling import SamplingConfig
-from decode.speculative import SpecConfig, speculative_generate
+from decode.speculative import SpecConfig
 from decode.trees import DynamicTree
 from drafters import registry
 from drafters.token_recycling import DEFAULT_TREE
 from models.assets import humaneval_prompts
 from models.load import load
-from research.common import machine, table
+from research.common import machine, plot_tau_speedup, run_prompts, table
 
 RESULTS = pathlib.Path("results/bench_trees.json")
 # Both trees reach depth k = 5 like the chains; the static one holds the rank-0 chain, so under
@@ -59,50 +57,6 @@ def _methods(model, args):
   return methods
 
 
-def _run(model, prompts, drafter, dparams, args, sampling, hot=False):
-  """Totals over the prompts decoded one by one: (tokens/s, tau, acceptance, compile s).
-
-  hot: each prompt starts from the drafter state the previous one ended with (as params).
-  """
-  wall = tokens = row_steps = step_tokens = compile_s = 0
-  accepted = 0
-  for i, prompt in enumerate(prompts):
-    key = jax.random.key(i)
-    if drafter is None:
-      out = generate(model.params, model.config, [prompt],
-                     GenerateConfig(max_new_tokens=args.new_tokens, sampling=sampling), key,
-                     warmup=i == 0)
-    else:
-      out = speculative_generate(model.params, model.config, [prompt], drafter,
-                                 SpecConfig(k=args.k, max_new_tokens=args.new_tokens,
-                                            sampling=sampling),
-                                 drafter_params=dparams, key=key, warmup=i == 0)
-      if hot:
-        dparams = out.drafter_state
-      row_steps, step_tokens = row_steps + out.row_steps, step_tokens + out.step_tokens
-      accepted = accepted + out.accepted_at
-    wall, tokens, compile_s = wall + out.wall_s, tokens + out.new_tokens, compile_s + out.compile_s
-  tau = step_tokens / row_steps if row_steps else 1.0
-  acceptance = (np.asarray(accepted) / max(row_steps, 1)).tolist() if row_steps else []
-  return tokens / wall, tau, acceptance, compile_s
-
-
-def _plot(rows, path):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-  for ax, temp in zip(axes, ("greedy", "t=1")):
-    for r in (r for r in rows if r["sampling"] == temp and r["method"] != "autoregressive"):
-      ax.scatter(r["tau"], r["speedup"])
-      ax.annotate(r["method"], (r["tau"], r["speedup"]), fontsize=7)
-    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-    ax.set(title=f"SmolLM2-135M, {temp}", xlabel="tau (tokens per target forward)")
-  axes[0].set_ylabel("speedup over autoregressive")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-
-
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--prompts", type=int, default=8, help="HumanEval prompts after the first 4")
@@ -121,8 +75,8 @@ def main():
   for temp, sampling in (("greedy", SamplingConfig()), ("t=1", SamplingConfig(temperature=1.0))):
     base = None
     for name, (drafter, dparams, memory) in methods.items():
-      tok_s, tau, acceptance, compile_s = _run(model, prompts, drafter, dparams, args, sampling,
-                                               hot=name.endswith(" hot"))
+      tok_s, tau, acceptance, compile_s = run_prompts(model, prompts, drafter, dparams, SpecConfig(
+          k=args.k, max_new_tokens=args.new_tokens, sampling=sampling), hot=name.endswith(" hot"))
       base = base or tok_s
       rows.append(dict(method=name, sampling=temp, tau=tau, acceptance=acceptance,
                        tokens_per_s=tok_s, speedup=tok_s / base, speedup_per_tau=tok_s / base / tau,
@@ -140,7 +94,7 @@ def main():
                 r["speedup"], r["speedup_per_tau"], r["memory_mb"], r["compile_s"]] for r in rows]))
   RESULTS.parent.mkdir(parents=True, exist_ok=True)
   RESULTS.write_text(json.dumps(dict(machine=machine(), args=vars(args), rows=rows), indent=1))
-  _plot(rows, RESULTS.with_suffix(".png"))
+  plot_tau_speedup(rows, RESULTS.with_suffix(".png"), "SmolLM2-135M")
   print(f"\nwrote {RESULTS} and {RESULTS.with_suffix('.png')}")
 
 

@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmark scripts: machine description, bandwidth probe, tables."""
+"""Shared pieces of the benchmark scripts: machine, bandwidth probe, decode runs, tables, plots."""
 from __future__ import annotations
 
 import os
@@ -8,6 +8,10 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from decode.generate import generate
+from decode.speculative import SpecConfig, speculative_generate
 
 
 def machine() -> str:
@@ -56,3 +60,46 @@ def hf_model():
   model = transformers.AutoModelForCausalLM.from_pretrained(
       path.parent, gguf_file=path.name, dtype=torch.float32)
   return model.eval()
+
+
+def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int = 1,
+                hot: bool = False):
+  """Totals over the prompts decoded `batch` at a time: (tokens/s, tau, acceptance by depth,
+  compile s). drafter None = autoregressive. The first call compiles apart (warmup).
+
+  hot: each batch starts from the drafter state the previous one ended with (as params).
+  """
+  wall = tokens = row_steps = step_tokens = compile_s = accepted = 0
+  for i in range(0, len(prompts) - batch + 1, batch):
+    key, chunk = jax.random.key(i), prompts[i:i + batch]
+    if drafter is None:
+      out = generate(model.params, model.config, chunk, spec, key, warmup=i == 0)
+    else:
+      out = speculative_generate(model.params, model.config, chunk, drafter, spec,
+                                 drafter_params=dparams, key=key, warmup=i == 0)
+      if hot:
+        dparams = out.drafter_state
+      row_steps, step_tokens = row_steps + out.row_steps, step_tokens + out.step_tokens
+      accepted = accepted + out.accepted_at
+    wall, tokens, compile_s = wall + out.wall_s, tokens + out.new_tokens, compile_s + out.compile_s
+  tau = step_tokens / row_steps if row_steps else 1.0
+  acceptance = (np.asarray(accepted) / max(row_steps, 1)).tolist() if row_steps else []
+  return tokens / wall, tau, acceptance, compile_s
+
+
+def plot_tau_speedup(rows, path, title: str, panels=("greedy", "t=1"), key="sampling"):
+  """Speedup against tau, one panel per value of row[key], a labelled dot per method."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), sharey=True)
+  for ax, panel in zip(np.atleast_1d(axes), panels):
+    for r in (r for r in rows if r[key] == panel and r["method"] != "autoregressive"):
+      ax.scatter(r["tau"], r["speedup"])
+      ax.annotate(r["method"], (r["tau"], r["speedup"]), fontsize=7)
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set(title=f"{title}, {panel}", xlabel="tau (tokens per target forward)",
+           ylabel="speedup over autoregressive")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
