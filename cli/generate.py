@@ -43,7 +43,8 @@ def add_parser(sub) -> None:
   p.add_argument("--tree", default=None, metavar="SHAPE",
                  help="draft a token tree: 'full:3,2,1' (children per level) or "
                       "'dynamic:WIDTH,DEPTH,CHILDREN' (grown by draft probability); layer-skip, "
-                      "draft-model and token-recycling (default: its own template)")
+                      "draft-model, medusa (static trees) and token-recycling (default: its own "
+                      "template)")
   p.add_argument("--skip", default=None, metavar="I,J,...",
                  help="layer-skip: target layers the drafter skips (default: searched on the "
                       "first 4 HumanEval prompts)")
@@ -52,6 +53,10 @@ def add_parser(sub) -> None:
                       "vocabulary (default: the target's first --draft-layers layers, untrained)")
   p.add_argument("--draft-layers", type=int, default=4,
                  help="draft-model: layers of the target to cut the default draft model from")
+  p.add_argument("--heads", default=None, metavar="FOLDER",
+                 help="medusa: the run folder of trained heads (drafter.json + drafter_params) "
+                      "that `speculax train --config configs/medusa_smollm2.py` writes; "
+                      "-k at most its number of heads")
   p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
                  help="run sharded on a device mesh of this shape, e.g. 4,1,2")
   p.set_defaults(run=run)
@@ -72,6 +77,7 @@ def run(args) -> int:
 
   sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
   mesh, tree = _mesh(args.mesh), parse_tree(args.tree)
+  registry.check_heads(args.drafter, args.heads)  # before the model load, which takes seconds
   if args.prompt and any(not p.strip() for p in args.prompt):
     raise ValueError("--prompt is empty")
   texts = args.prompt or humaneval_prompts(args.humaneval)
@@ -117,7 +123,7 @@ def _drafter(args, model, load, tree):
     draft = (other.config, other.params)
   drafter, dparams = registry.make(args.drafter, model.params, model.config, k=args.k,
                                    calibration=calibration, skip=skip, draft=draft,
-                                   draft_layers=args.draft_layers, tree=tree)
+                                   draft_layers=args.draft_layers, tree=tree, heads=args.heads)
   print(f"drafter: {drafter}", file=sys.stderr)
   return drafter, dparams
 

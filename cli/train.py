@@ -12,10 +12,12 @@ def add_parser(sub) -> None:
       "train", help="train a drafter from an experiment config",
       description="Run (or resume) the experiment defined as EXPERIMENT in a Python config file. "
                   "Outputs go to <out_dir>/<name>/: teacher caches, checkpoints, metrics.csv, "
-                  "curves.png.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                  "curves.png, and for head drafters drafter.json + drafter_params.",
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--config", required=True, help="Python file defining EXPERIMENT")
   p.add_argument("--steps", type=int, default=None,
-                 help="override the number of optimizer updates (distill.optim.total_steps)")
+                 help="override the number of optimizer updates "
+                      "(EXPERIMENT.distill.optim.total_steps)")
   p.add_argument("--out-dir", default=None, help="override the experiment's output folder")
   p.set_defaults(run=run)
 
@@ -30,16 +32,40 @@ def load_experiment(path: str):
   return exp
 
 
-def run(args) -> int:
-  from train.experiment import run as run_experiment
-  exp = load_experiment(args.config)
-  if args.steps is not None:
-    optim = exp.distill.optim.with_total_steps(args.steps)
+def overridden(exp, *, steps: int | None = None, out_dir: str | None = None):
+  """The experiment with the command line's overrides (either trainer's config)."""
+  if steps is not None:
+    optim = exp.distill.optim.with_total_steps(steps)
     exp = dataclasses.replace(exp, distill=dataclasses.replace(exp.distill, optim=optim))
-  if args.out_dir is not None:
-    exp = dataclasses.replace(exp, out_dir=args.out_dir)
+  if out_dir is not None:
+    exp = dataclasses.replace(exp, out_dir=out_dir)
+  return exp
+
+
+def run(args) -> int:
+  from drafters.heads_io import kind_of
+  from train.experiment import run as run_experiment
+  exp = overridden(load_experiment(args.config), steps=args.steps, out_dir=args.out_dir)
   result = run_experiment(exp)
   print(f"{exp.name}: held-out acceptance (1 - TV) {result['heldout_acceptance_before']:.3f} -> "
         f"{result['heldout_acceptance_after']:.3f} after {result['steps']} micro-batches; "
         f"curves in {result['plot']}")
+  if result["heads"] is not None:
+    before, after = result["heldout_before"], result["heldout_after"]
+    for name in ("acceptance", "top1"):
+      print(f"  held-out {name} by depth: {_by_depth(before, name)} -> {_by_depth(after, name)}")
+    print(f"  decode with: speculax generate --drafter {kind_of(exp.distill.drafter)} --heads "
+          f"{result['heads']} -k {_depths(after)}")
   return 0
+
+
+def _depths(metrics: dict) -> int:
+  """Draft depths with metrics (acceptance/depth1, acceptance/depth2, ...)."""
+  j = 0
+  while f"acceptance/depth{j + 1}" in metrics:
+    j += 1
+  return j
+
+
+def _by_depth(metrics: dict, name: str) -> str:
+  return " ".join(f"{metrics[f'{name}/depth{j}']:.3f}" for j in range(1, _depths(metrics) + 1))

@@ -2,27 +2,45 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from configs.models import LlamaConfig
 from decode.trees import StaticTree, Tree
+from drafters import heads_io
 from drafters.draft_model import DraftModel
 from drafters.prompt_lookup import PromptLookup
 from drafters.token_recycling import TokenRecycling
 
-NAMES = ("none", "prompt-lookup", "layer-skip", "draft-model", "token-recycling")
+HEADS = tuple(heads_io.KINDS)  # head drafters: trained on the target, loaded from a run folder
+NAMES = ("none", "prompt-lookup", "layer-skip", "draft-model", "token-recycling", *HEADS)
+
+
+def check_heads(name: str, heads: str | os.PathLike | None) -> None:
+  """A head drafter needs a trained run folder, and only a head drafter takes one."""
+  if name in HEADS and heads is None:
+    raise ValueError(f"{name} needs trained heads: a run folder (--heads FOLDER); train one "
+                     f"with `speculax train --config configs/{name}_smollm2.py`")
+  if name not in HEADS and heads is not None:
+    raise ValueError(f"trained heads (--heads {heads}) are for the head drafters "
+                     f"({', '.join(HEADS)}), not {name}")
 
 
 def make(name: str, params, config: LlamaConfig, *, k: int = 5, calibration=None,
          skip: tuple[int, ...] | None = None, draft=None, draft_layers: int = 4,
-         tree: Tree | None = None):
+         tree: Tree | None = None, heads: str | os.PathLike | None = None):
   """Returns (drafter, drafter_params), or (None, None) for "none".
 
   layer-skip: `skip` layers, or a set searched on `calibration` prompts (token-id lists).
   draft-model: `draft` = (config, params) of a model sharing the vocabulary, or else the
   target's first `draft_layers` layers (an untrained cut; train it with `speculax train`).
-  tree: layer-skip and draft-model draft it instead of a chain of k; token-recycling expands
-  it (a StaticTree; default its own template).
+  medusa (every name in HEADS): `heads`, the folder a head-drafter experiment wrote; it must
+  have been trained on this target.
+  tree: layer-skip, draft-model and head drafters draft it instead of a chain of k;
+  token-recycling expands it (a StaticTree; default its own template).
   """
+  check_heads(name, heads)
+  if name in HEADS:
+    return heads_io.load_head_drafter(heads, config, tree, kind=name)
   if name == "none":
     return None, None
   if name == "prompt-lookup":

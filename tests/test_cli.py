@@ -10,7 +10,7 @@ def test_help_explains_every_flag(capsys):
   text = capsys.readouterr().out
   for flag in ["--model", "--prompt", "--humaneval", "--raw", "--max-new-tokens", "--temperature",
                "--top-k", "--top-p", "--seed", "--drafter", "-k", "--skip", "--draft-model",
-               "--draft-layers", "--tree", "--mesh"]:
+               "--draft-layers", "--tree", "--heads", "--mesh"]:
     assert f"  {flag} " in text or f"  {flag}\n" in text, flag
 
 
@@ -22,6 +22,10 @@ def test_help_explains_every_flag(capsys):
     (["--top-p", "0"], r"top_p must be in (0, 1], got 0.0"),
     (["--tree", "full:2,0"], "tree must be 'chain', 'full:B1,B2,...'"),
     (["--tree", "dynamic:4,0,2"], "DynamicTree depth must be >= 1, got 0"),
+    (["--drafter", "medusa"],
+     "medusa needs trained heads: a run folder (--heads FOLDER); train one with "
+     "`speculax train --config configs/medusa_smollm2.py`"),
+    (["--heads", "runs/medusa-smollm2"], "are for the head drafters (medusa), not none"),
 ])
 def test_bad_flags_exit_with_a_clear_error(capsys, argv, message):
   assert main(["generate", *argv]) == 2
@@ -38,3 +42,12 @@ def test_generate_chat_prompt_on_smollm2(capsys, drafter):
   assert "=== prompt 0: 'What is the capital of France?'" in out
   assert "Paris" in out  # the chat template was applied: the instruct model answers
   assert "tokens/s" in out and "tau" in out
+
+
+@pytest.mark.parametrize("config", ["configs/distill_smollm2.py", "configs/medusa_smollm2.py"])
+def test_train_overrides_either_trainers_budget(config):
+  from cli.train import load_experiment, overridden
+  exp = load_experiment(config)
+  new = overridden(exp, steps=7, out_dir="elsewhere")
+  assert new.distill.optim.total_steps == 7 and new.folder.parent.name == "elsewhere"
+  assert type(new.distill) is type(exp.distill)

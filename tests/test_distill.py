@@ -155,3 +155,20 @@ def test_metrics_log_keeps_steps_with_different_metrics(tmp_path):
   assert log.read() == [{"step": 2, "loss": 2.0},
                         {"step": 4, "loss": 1.0, "heldout_acceptance": 0.5}]
   assert log.plot(tmp_path / "c.png").stat().st_size > 0
+
+
+def test_plot_groups_per_depth_metrics_in_a_grid(tmp_path):
+  from train.metrics_log import panel_groups
+  names = ["loss", "acceptance/depth10", "acceptance/depth2", "acceptance",
+           "heldout/top1/depth1", "heldout/top1/depth3", "heldout/loss"]
+  assert panel_groups(names) == {
+      "acceptance": ["acceptance"],
+      "acceptance/depth*": ["acceptance/depth2", "acceptance/depth10"],
+      "heldout/loss": ["heldout/loss"],
+      "heldout/top1/depth*": ["heldout/top1/depth1", "heldout/top1/depth3"], "loss": ["loss"]}
+  log = MetricsLog(tmp_path / "m.csv")
+  for step in (1, 2):
+    log.write(step, {name: step / 10 for name in names} | {f"x{i}": 0.0 for i in range(5)})
+  import matplotlib.image
+  png = matplotlib.image.imread(log.plot(tmp_path / "c.png"))
+  assert png.shape[:2] == (3 * 300, 4 * 400)  # 10 panels: a grid 3 high, 4 wide (4 x 3 in each)

@@ -1,4 +1,10 @@
-"""A distillation experiment end to end: data, teacher cache, training, held-out evaluation.
+"""A drafter-training experiment end to end: data, teacher cache, training, held-out evaluation.
+
+One runner for both trainers, chosen by the experiment's `distill` config:
+  DistillConfig  a draft model cut from the target's `draft_layers`, distilled from the target
+  HeadsConfig    a head drafter (Medusa, ...) on the frozen target's cached features; the run
+                 also writes drafter.json + drafter_params (drafters/heads_io.py), which
+                 `speculax generate --drafter <kind> --heads <folder>` loads
 
 An experiment is a frozen dataclass in a Python file under configs/ (`EXPERIMENT = ...`), run
 with `speculax train --config configs/<experiment>.py`. Everything it writes goes to
@@ -15,11 +21,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs.meshes import MeshConfig
+from configs.models import LlamaConfig
+from drafters.heads_io import save_head_drafter
 from models.derive import truncated
-from models.load import load
+from models.load import LoadedModel, load
 from train import data
 from train.checkpoints import Checkpointer
-from train.distill import DistillConfig, distill_loss
+from train.distill import DistillConfig
+from train.heads import HeadsConfig
 from train.loop import Target, fit, sharded_init
 from train.metrics_log import MetricsLog
 from train.teacher_cache import build_teacher_cache
@@ -39,9 +48,10 @@ class DataConfig:
 class DistillExperiment:
   name: str
   target: str = "smollm2-135m"
-  draft_layers: tuple[int, ...] = (0, 6, 12, 18, 24, 29)  # target layers the draft starts from
+  # Target layers the draft model starts from (DistillConfig only).
+  draft_layers: tuple[int, ...] = (0, 6, 12, 18, 24, 29)
   data: DataConfig = DataConfig()
-  distill: DistillConfig = DistillConfig()
+  distill: DistillConfig | HeadsConfig = DistillConfig()
   out_dir: str = "runs"
   teacher_dir: str | None = None  # shared teacher caches (same target + data); default: own folder
   checkpoint_every: int = 50
@@ -55,50 +65,95 @@ class DistillExperiment:
     return pathlib.Path(self.out_dir) / self.name
 
 
+@dataclasses.dataclass(frozen=True)
+class Student:
+  """What an experiment trains and how its objective sees it."""
+  config: LlamaConfig  # the config train_step gets: the draft model's, or the target's for heads
+  params: dict  # initial trainable params
+  frozen: dict | None = None  # params the objective reads but never trains (the target's)
+  hidden_layers: tuple[int, ...] = ()  # target features the teacher cache must hold
+
+
+def student(exp: DistillExperiment, model: LoadedModel) -> Student:
+  """Head drafters start from their own init on the target; draft models from its layers."""
+  cfg = exp.distill
+  if isinstance(cfg, HeadsConfig):
+    return Student(model.config, cfg.drafter.init_params(model.config, jax.random.key(cfg.seed)),
+                   model.params, tuple(cfg.drafter.hidden_layers))
+  return Student(*truncated(model.params, model.config, exp.draft_layers))
+
+
 @functools.partial(jax.jit, static_argnames=("config", "cfg"))
-def _acceptance(params, config, cfg, batch):
-  return distill_loss(params, config, cfg, batch, jax.random.key(0))[1]["acceptance"]
+def _metrics(params, config, cfg, batch, frozen):
+  return cfg.objective(params, config, batch, jax.random.key(0), frozen)[1]
 
 
-def heldout_acceptance(params, config, cfg: DistillConfig, cache, batch_size: int = 8) -> float:
-  """Mean 1 - TV(p, q) over the held-out rows: the expected per-token acceptance."""
-  scores = []
+def heldout_metrics(params, config: LlamaConfig, cfg, cache, frozen=None,
+                    batch_size: int = 8) -> dict[str, float]:
+  """Every objective metric, averaged over the held-out rows' batches. "acceptance" is the mean
+  1 - TV(p, q), the expected per-token acceptance; head drafters add per-depth metrics."""
+  batch_size = min(batch_size, cache.n)
+  parts = []
   for lo in range(0, cache.n - batch_size + 1, batch_size):
-    b = cache.batch(np.arange(lo, lo + batch_size))
-    b = {k: jnp.asarray(b[k]) for k in ("tokens", "ids", "logprobs")}
+    b = {k: jnp.asarray(v) for k, v in cache.batch(np.arange(lo, lo + batch_size)).items()}
     b["mask"] = jnp.ones(b["tokens"].shape, jnp.float32)
-    scores.append(float(_acceptance(params, config, cfg, b)))
-  return float(np.mean(scores))
+    parts.append(_metrics(params, config, cfg, b, frozen))
+  return {k: float(np.mean([m[k] for m in parts])) for k in parts[0]}
 
 
-def run(exp: DistillExperiment, *, until: int | None = None) -> dict:
-  """Runs (or resumes) the experiment; returns the held-out acceptance before and after."""
-  model = load(exp.target)
-  tok = model.tokenizer
-  draft_cfg, draft = truncated(model.params, model.config, exp.draft_layers)
-  train_files, held_files = data.split_files(data.stdlib_files(exp.data.files),
-                                             exp.data.heldout_fraction)
-  pack = lambda files, rows: data.pack_sequences(tok, data.read_texts(files), exp.data.seq_len,
+def cache_name(split: str, hidden_layers: tuple[int, ...]) -> str:
+  """Teacher cache folder: caches with and without target features never share a folder."""
+  return f"teacher_{split}" + "".join(f"_h{i}" for i in hidden_layers)
+
+
+def token_rows(cfg: DataConfig, tokenizer) -> tuple[np.ndarray, np.ndarray]:
+  """(train, held-out) rows [n, seq_len] packed from stdlib files split by path."""
+  train_files, held_files = data.split_files(data.stdlib_files(cfg.files), cfg.heldout_fraction)
+  pack = lambda files, rows: data.pack_sequences(tokenizer, data.read_texts(files), cfg.seq_len,
                                                  max_rows=rows)
-  train_tokens, held_tokens = pack(train_files, exp.data.rows), pack(held_files, exp.data.heldout_rows)
+  return pack(train_files, cfg.rows), pack(held_files, cfg.heldout_rows)
+
+
+def run(exp: DistillExperiment, *, until: int | None = None,
+        model: LoadedModel | None = None) -> dict:
+  """Runs (or resumes) the experiment; returns held-out metrics before and after training,
+  and for a finished head-drafter run the folder it saved the drafter in ("heads").
+
+  model: the loaded target (default: load(exp.target)).
+  """
+  heads = isinstance(exp.distill, HeadsConfig)
+  if heads and exp.mesh is not None:
+    raise ValueError(f"experiment {exp.name}: head drafters train on one device for now; "
+                     f"drop mesh={exp.mesh}")
+  model = load(exp.target) if model is None else model
+  s = student(exp, model)
+  train_tokens, held_tokens = token_rows(exp.data, model.tokenizer)
   folder = exp.folder
   caches = folder if exp.teacher_dir is None else pathlib.Path(exp.teacher_dir)
-  teacher = build_teacher_cache(caches / "teacher_train", model.params, model.config, train_tokens,
-                                top_k=exp.data.top_k)
-  held = build_teacher_cache(caches / "teacher_heldout", model.params, model.config, held_tokens,
-                             top_k=exp.data.top_k)
-  state = sharded_init(draft, draft_cfg, exp.distill, exp.mesh)
-  before = heldout_acceptance(state.params, draft_cfg, exp.distill, held)
+  teacher, held = (build_teacher_cache(caches / cache_name(split, s.hidden_layers), model.params,
+                                       model.config, tokens, top_k=exp.data.top_k,
+                                       hidden_layers=s.hidden_layers)
+                   for split, tokens in (("train", train_tokens), ("heldout", held_tokens)))
+  state = sharded_init(s.params, s.config, exp.distill, exp.mesh)
+  evaluate = lambda st: heldout_metrics(st.params, s.config, exp.distill, held, s.frozen)
+  before = evaluate(state)
   with Checkpointer(folder / "checkpoints", every=exp.checkpoint_every, keep=exp.keep) as ck:
     if ck.latest_step() is not None:
       state = ck.restore(like=state)
     log = MetricsLog(folder / "metrics.csv")
-    target = Target(model.params, model.config, exp.data.top_k) if exp.distill.on_policy_fraction else None
-    evaluate = lambda s: {"heldout_acceptance": heldout_acceptance(s.params, draft_cfg, exp.distill, held)}
-    state = fit(state, draft_cfg, exp.distill, train_tokens, teacher.batch, target=target,
-                checkpointer=ck, log=log, evaluate=evaluate, eval_every=exp.eval_every,
-                log_every=exp.log_every, mesh=exp.mesh, until=until)
-  return {"heldout_acceptance_before": before,
-          "heldout_acceptance_after": heldout_acceptance(state.params, draft_cfg, exp.distill, held),
+    on_policy = not heads and exp.distill.on_policy_fraction
+    target = Target(model.params, model.config, exp.data.top_k) if on_policy else None
+    state = fit(state, s.config, exp.distill, train_tokens, teacher.batch, frozen=s.frozen,
+                target=target, checkpointer=ck, log=log,
+                evaluate=lambda st: {f"heldout/{k}": v for k, v in evaluate(st).items()},
+                eval_every=exp.eval_every, log_every=exp.log_every, mesh=exp.mesh, until=until)
+  after = evaluate(state)
+  saved = heads and int(state.step) >= exp.distill.steps  # a finished run's heads only
+  if saved:
+    save_head_drafter(folder, exp.distill.drafter, state.params, exp.target, model.config,
+                      int(state.step))
+  return {"heldout_acceptance_before": before["acceptance"],
+          "heldout_acceptance_after": after["acceptance"],
+          "heldout_before": before, "heldout_after": after,
           "steps": int(state.step), "plot": str(log.plot(folder / "curves.png")),
-          "state": state, "draft_config": draft_cfg}
+          "state": state, "draft_config": s.config, "heads": str(folder) if saved else None}

@@ -1,4 +1,8 @@
-"""The host-side training loop: batches by step, on-policy rows, checkpoints, metrics."""
+"""The host-side training loop: batches by step, on-policy rows, checkpoints, metrics.
+
+One loop for every drafter trainer: `cfg` is a train.distill.DistillConfig (draft models) or a
+train.heads.HeadsConfig (head drafters, which read the frozen target's params).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -56,7 +60,8 @@ def make_batch(state, config, cfg: DistillConfig, tokens: np.ndarray, teacher: T
                target: Target | None, step: int) -> dict:
   rows = batch_rows(len(tokens), cfg.batch_size, step, seed=cfg.seed)
   batch = {"tokens": tokens[rows], **teacher(rows)}
-  n_on = int(round(cfg.on_policy_fraction * cfg.batch_size))
+  # Head drafters train off-policy only: their HeadsConfig has no on_policy_fraction.
+  n_on = int(round(getattr(cfg, "on_policy_fraction", 0.0) * cfg.batch_size))
   if n_on:
     if target is None:
       raise ValueError("on_policy_fraction > 0 needs the target to score sampled rows")
@@ -69,14 +74,18 @@ def make_batch(state, config, cfg: DistillConfig, tokens: np.ndarray, teacher: T
   return batch
 
 
-def fit(state: TrainState, config: LlamaConfig, cfg: DistillConfig, tokens: np.ndarray,
-        teacher: Teacher, *, target: Target | None = None, checkpointer=None, log=None,
+def fit(state: TrainState, config: LlamaConfig, cfg, tokens: np.ndarray, teacher: Teacher, *,
+        frozen=None, target: Target | None = None, checkpointer=None, log=None,
         evaluate: Callable[[TrainState], dict] | None = None, eval_every: int = 0,
         log_every: int = 10, mesh: MeshConfig | None = None,
         until: int | None = None) -> TrainState:
   """Trains from state.step up to cfg.steps micro-batches (or stops at `until`, as an
   interrupted run would); the batch of a step depends only on the step, so a resumed run
-  continues exactly where the saved one was."""
+  continues exactly where the saved one was.
+
+  cfg: DistillConfig or HeadsConfig; frozen: what the objective reads but never trains (a head
+  drafter's target params), passed to train_step as is.
+  """
   m = None if mesh is None else make_mesh(mesh)
   place = (lambda v: jnp.asarray(v)) if m is None else (
       lambda v: jax.device_put(v, sharding.batch_sharding(m, mesh.rules, np.ndim(v))))
@@ -88,7 +97,7 @@ def fit(state: TrainState, config: LlamaConfig, cfg: DistillConfig, tokens: np.n
   for step in bar:
     batch = make_batch(state, config, cfg, tokens, teacher, target, step)
     batch = {k: place(v) for k, v in batch.items()}
-    state, metrics = train_step(state, batch, config, cfg)
+    state, metrics = train_step(state, batch, config, cfg, frozen)
     done = step + 1
     if log is not None and (done % log_every == 0 or done == cfg.steps):
       row = {k: float(v) for k, v in metrics.items()}

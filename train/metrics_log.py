@@ -2,7 +2,28 @@
 from __future__ import annotations
 
 import csv
+import math
 import pathlib
+import re
+from collections.abc import Iterable
+
+MAX_COLUMNS = 4  # panels per row of the plot
+_DEPTH = re.compile(r"(.+)/depth(\d+)")  # a per-depth metric: <group>/depth<j>
+
+
+def panel_groups(names: Iterable[str]) -> dict[str, list[str]]:
+  """Panel title -> the metrics it draws: `<group>/depth<j>` metrics share the panel
+  "<group>/depth*" (one line per depth, by depth), any other metric has its own."""
+  groups: dict[str, list[str]] = {}
+  for name in sorted(names, key=_panel):
+    groups.setdefault(_panel(name)[0], []).append(name)
+  return groups
+
+
+def _panel(name: str) -> tuple[str, int]:
+  """(panel title, depth; -1 for a metric without one)."""
+  m = _DEPTH.fullmatch(name)
+  return (f"{m.group(1)}/depth*", int(m.group(2))) if m else (name, -1)
 
 
 class MetricsLog:
@@ -33,18 +54,27 @@ class MetricsLog:
     return [rows[s] for s in sorted(rows)]
 
   def plot(self, out: str | pathlib.Path) -> pathlib.Path:
-    """One panel per metric against step; returns the PNG path."""
+    """A grid of panels against step (see panel_groups), at most MAX_COLUMNS wide; returns the
+    PNG path."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = self.read()
-    names = sorted({k for r in rows for k in r} - {"step"})
-    fig, axes = plt.subplots(1, max(len(names), 1), figsize=(4 * max(len(names), 1), 3))
-    for ax, name in zip(list(getattr(axes, "flat", [axes])), names):
-      pts = [(r["step"], r[name]) for r in rows if name in r]
-      ax.plot([p[0] for p in pts], [p[1] for p in pts])
-      ax.set_title(name)
+    groups = panel_groups({k for r in rows for k in r} - {"step"})
+    n = max(len(groups), 1)
+    cols = min(n, MAX_COLUMNS)
+    fig, axes = plt.subplots(math.ceil(n / cols), cols, figsize=(4 * cols, 3 * math.ceil(n / cols)),
+                             squeeze=False)
+    for ax, (title, names) in zip(axes.flat, groups.items()):
+      for name in names:
+        pts = [(r["step"], r[name]) for r in rows if name in r]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name.rsplit("/", 1)[-1])
+      if len(names) > 1:
+        ax.legend(fontsize="small")
+      ax.set_title(title)
       ax.set_xlabel("step")
+    for ax in list(axes.flat)[len(groups):]:
+      ax.set_visible(False)
     fig.tight_layout()
     out = pathlib.Path(out)
     fig.savefig(out, dpi=100)

@@ -1,0 +1,114 @@
+"""Head-drafter experiments end to end on the tiny target (stdlib text as bytes): train,
+resume, save drafter.json + params, load them back, decode losslessly; and bad input."""
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from configs.models import get_preset
+from decode.speculative import SpecConfig, speculative_generate
+from decode.trees import StaticTree
+from drafters import heads_io, registry
+from drafters.medusa import Medusa
+from models.load import LoadedModel
+from tiny_prompts import NEW, PROMPTS
+from train.distill import DistillConfig
+from train.experiment import DataConfig, DistillExperiment, run
+from train.heads import HeadsConfig
+from train.metrics_log import MetricsLog
+from train.optim import OptimConfig
+
+OPTIM = OptimConfig(learning_rate=1e-2, warmup_steps=1, total_steps=6)
+HEADS = HeadsConfig(Medusa(3), batch_size=4, optim=OPTIM)
+
+
+class ByteTokenizer:
+  """UTF-8 bytes as token ids: real text for the tiny target's 256-token vocabulary."""
+  vocab_size, eos_id, source = 256, 0, "bytes"
+
+  def encode(self, text):
+    return list(text.encode())
+
+
+def _exp(out_dir, name, distill):
+  return DistillExperiment(
+      name=name, target="tiny", draft_layers=(0,), out_dir=str(out_dir), distill=distill,
+      data=DataConfig(files=40, seq_len=32, rows=16, heldout_rows=8, top_k=16),
+      checkpoint_every=3, keep=2, log_every=2, eval_every=3)
+
+
+@pytest.fixture(scope="module")
+def model(tiny):
+  return LoadedModel(*tiny, ByteTokenizer())
+
+
+@pytest.fixture(scope="module")
+def trained(model, tmp_path_factory):
+  """A finished 6-step Medusa(3) run: (experiment, result)."""
+  exp = _exp(tmp_path_factory.mktemp("runs"), "medusa", HEADS)
+  return exp, run(exp, model=model)
+
+
+def test_heads_run_evaluates_every_depth_and_resumes_exactly(model, trained, tmp_path):
+  exp, straight = trained
+  assert straight["steps"] == 6 and straight["heads"] == str(exp.folder)
+  assert (exp.folder / "teacher_train_h-1").is_dir()  # a cache with the target's features
+  logged = MetricsLog(exp.folder / "metrics.csv").read()[-1]
+  for j in (1, 2, 3):
+    for name in ("loss", "acceptance", "top1"):
+      assert f"heldout/{name}/depth{j}" in logged and f"{name}/depth{j}" in logged
+  after = straight["heldout_after"]
+  assert straight["heldout_acceptance_after"] == after["acceptance"]
+  assert after["loss"] < straight["heldout_before"]["loss"]
+  assert (exp.folder / "curves.png").stat().st_size > 0
+  interrupted = _exp(tmp_path, "medusa", HEADS)
+  stopped = run(interrupted, model=model, until=3)
+  assert stopped["steps"] == 3 and stopped["heads"] is None  # no drafter before the last step
+  assert not (interrupted.folder / heads_io.SPEC).exists()
+  resumed = run(interrupted, model=model)
+  assert resumed["steps"] == 6
+  jax.tree.map(np.testing.assert_array_equal, resumed["state"].params, straight["state"].params)
+
+
+def test_saved_heads_load_and_decode_like_the_target(tiny, tiny_reference, trained):
+  cfg, params = tiny
+  exp, result = trained
+  spec = json.loads((exp.folder / heads_io.SPEC).read_text())
+  assert spec["kind"] == "medusa" and spec["fields"] == {"n_heads": 3} and spec["step"] == 6
+  assert spec["target"]["name"] == "tiny" and spec["target"]["config"]["d_model"] == 64
+  assert "dtype" not in spec["target"]["config"]
+  tree = StaticTree.full((2, 2, 1))
+  drafter, heads = registry.make("medusa", params, cfg, heads=exp.folder, tree=tree)
+  assert drafter == Medusa(3, tree)
+  jax.tree.map(np.testing.assert_array_equal, heads, result["state"].params)
+  out = speculative_generate(params, cfg, PROMPTS[:4], drafter,
+                             SpecConfig(k=3, max_new_tokens=NEW), drafter_params=heads)
+  assert out.tokens == tiny_reference[:4]
+
+
+def test_distill_runs_on_the_same_runner(model, tmp_path):
+  exp = _exp(tmp_path, "distill", DistillConfig(batch_size=4, optim=OPTIM))
+  result = run(exp, model=model)
+  assert result["steps"] == 6 and result["heads"] is None
+  assert (exp.folder / "teacher_train").is_dir() and not (exp.folder / heads_io.SPEC).exists()
+  assert "heldout/acceptance" in MetricsLog(exp.folder / "metrics.csv").read()[-1]
+
+
+def test_heads_of_another_target_or_kind_are_refused(tiny, trained, tmp_path):
+  cfg, params = tiny
+  folder = trained[0].folder
+  with pytest.raises(ValueError, match=rf"head drafter in {folder} was trained on a target "
+                                       r"\(tiny\) with .*n_layers 2, this target has 3"):
+    heads_io.load_head_drafter(folder, get_preset("tiny-untied-llama3"))
+  with pytest.raises(ValueError, match="holds a medusa drafter, not hydra"):
+    heads_io.load_head_drafter(folder, cfg, kind="hydra")
+  with pytest.raises(FileNotFoundError, match="speculax train --config configs/medusa_smollm2.py"):
+    heads_io.load_head_drafter(tmp_path, cfg)
+  with pytest.raises(ValueError, match="medusa needs trained heads"):
+    registry.make("medusa", params, cfg)
+  with pytest.raises(ValueError, match="are for the head drafters"):
+    registry.make("prompt-lookup", params, cfg, heads=folder)
+  (tmp_path / heads_io.SPEC).write_text("{not json")
+  with pytest.raises(ValueError, match="not valid JSON"):
+    heads_io.load_head_drafter(tmp_path, cfg)
