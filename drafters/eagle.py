@@ -220,10 +220,9 @@ class Eagle:
         out = {"aux_loss": self.feature_weight * reg, "metrics": {"feature_loss": reg}}
       g = jnp.concatenate([jnp.zeros_like(a[:, :1]), a[:, :-1]], 1)  # entry i reads a_{i-1}
       xs.append(_entries(params, frozen, g, nxt))
-    out |= {"logits": jnp.stack(logits, 2)}  # [b, t, s, v]
-    if self.stop_threshold is not None:
-      out["accept_logits"] = jnp.stack(accept, 2)  # [b, t, s]
-    return out
+    # The acceptance head always trains (it is tiny), so one trained drafter runs with or
+    # without a stop threshold.
+    return out | {"logits": jnp.stack(logits, 2), "accept_logits": jnp.stack(accept, 2)}
 
 
 def ttt_mask(t: int, s: int) -> np.ndarray:
