@@ -98,19 +98,18 @@ class Eagle:
   def prepare(self, params):
     return params
 
-  def init_params(self, config, key=None, target_params=None) -> dict:
-    """fc passes g through (the embedding half starts at zero); the layer is random, or a copy
-    of the target's last layer when target_params are given; the acceptance head starts at
-    sigmoid(2) ~ 0.88 for every draft."""
+  def init_params(self, config, key=None) -> dict:
+    """A residual identity to start from, as zero Medusa heads: fc passes g through (the
+    embedding half at zero) and the layer's output projections are zero, so an untrained
+    drafter's first draft is the target's own next-token guess on g. The acceptance head starts
+    at sigmoid(2) ~ 0.88 for every draft."""
     d, n = config.d_model, len(self.feature_layers)
+    c = _layer_config(config)
+    x, pos = jnp.zeros((1, 1, d), jnp.float32), jnp.zeros((1, 1), jnp.int32)
+    ctx = (*llama.rope_tables(c, pos), None, jnp.ones((1, 1, 1), bool), None)
     key = jax.random.key(0) if key is None else key
-    if target_params is not None:
-      layer = jax.tree.map(lambda x: x[-1], target_params["layers"])
-    else:
-      c = _layer_config(config)
-      x, pos = jnp.zeros((1, 1, d), jnp.float32), jnp.zeros((1, 1), jnp.int32)
-      ctx = (*llama.rope_tables(c, pos), None, jnp.ones((1, 1, 1), bool), None)
-      layer = nn.unbox(llama.Block(c).init(key, x, None, ctx)["params"])
+    layer = nn.unbox(llama.Block(c).init(key, x, None, ctx)["params"])
+    layer = {**layer, "o": jnp.zeros_like(layer["o"]), "down": jnp.zeros_like(layer["down"])}
     params = {"fc": jnp.concatenate([jnp.eye(d), jnp.zeros((d, d))]),  # [2d, d]
               "layer": layer, "norm": jnp.ones((d,), jnp.float32),
               "accept": {"w": jnp.zeros((d,), jnp.float32), "b": jnp.full((), 2.0, jnp.float32)}}

@@ -18,9 +18,12 @@ from tiny_prompts import NEW, PROMPTS
 
 def _params(cfg, params, drafter, seed=1):
   """Random EAGLE params (nonzero everywhere, so a test can tell the pieces apart)."""
-  p = drafter.init_params(cfg, jax.random.key(seed), params)
+  p = drafter.init_params(cfg, jax.random.key(seed))
   keys = iter(jax.random.split(jax.random.key(seed + 1), 8))
   p["fc"] = p["fc"] + jax.random.normal(next(keys), p["fc"].shape) * 0.1
+  # The init's layer is a residual identity (zero output projections): make it attend and mix.
+  p["layer"] = {**p["layer"], **{n: jax.random.normal(next(keys), p["layer"][n].shape) * 0.1
+                                 for n in ("o", "down")}}
   p["accept"] = {"w": jax.random.normal(next(keys), (cfg.d_model,)) * 0.3, "b": jnp.asarray(1.0)}
   if "fuse" in p:
     p["fuse"] = p["fuse"] + jax.random.normal(next(keys), p["fuse"].shape) * 0.1
