@@ -1,0 +1,11 @@
+"""EAGLE-3 on SmolLM2-135M: low/middle/high features (layers 2, 15, 27) fused, and 3-step
+training-time-test rollouts on the drafter's own features. Output in runs/eagle3-smollm2."""
+import dataclasses
+
+from drafters.eagle import Eagle
+
+from configs.eagle_smollm2 import EXPERIMENT as EAGLE
+
+EXPERIMENT = dataclasses.replace(
+    EAGLE, name="eagle3-smollm2",
+    distill=dataclasses.replace(EAGLE.distill, drafter=Eagle.eagle3(30)))

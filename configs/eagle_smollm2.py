@@ -1,0 +1,16 @@
+"""Train an EAGLE drafter (one decoder layer on the final features) on SmolLM2-135M (frozen).
+
+Forward KL on the next-next token plus EAGLE-1's feature regression; the SpecDec++ acceptance
+head trains alongside. Ends with drafter.json + drafter_params in runs/eagle-smollm2, for
+`speculax generate --drafter eagle --heads runs/eagle-smollm2 [-k 6 | --tree dynamic:4,5,4]`.
+"""
+import dataclasses
+
+from drafters.eagle import Eagle
+from train.heads import HeadsConfig
+
+from configs.medusa_smollm2 import EXPERIMENT as MEDUSA
+
+EXPERIMENT = dataclasses.replace(
+    MEDUSA, name="eagle-smollm2",
+    distill=dataclasses.replace(MEDUSA.distill, drafter=Eagle()))
