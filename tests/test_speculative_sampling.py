@@ -2,11 +2,13 @@
 
 Many copies of one prompt run as one batch (rows draw independent randoms), with a draft model
 whose distribution differs from the target's, drafting a chain, a static tree whose siblings are
-drawn without replacement, or a dynamic tree of deterministic top candidates, with Medusa
-heads drafting a static tree, and with EAGLE drafting a static tree or an adaptive-length chain
-(SpecDec++ stops: fewer drafts verified, the rest rejected). The exact target law comes from the target's own logits: p(x)
-after the prompt and p(y | x) after prompt + x, through the same sampling transform. Planted verifiers (one that skips the residual resampling,
-one that treats siblings drawn without replacement as i.i.d.) must fail the same bound.
+drawn without replacement, or a dynamic tree of deterministic top candidates, with Medusa or
+Hydra++ heads drafting a static tree, and with EAGLE drafting a static tree or an
+adaptive-length chain (SpecDec++ stops: fewer drafts verified, the rest rejected). The exact
+target law comes from the target's own logits: p(x) after the prompt and p(y | x) after
+prompt + x, through the same sampling transform. Planted verifiers (one that skips the residual
+resampling, one that treats siblings drawn without replacement as i.i.d.) must fail the same
+bound.
 """
 import functools
 
@@ -23,8 +25,10 @@ from decode.speculative import SpecConfig, speculative_generate
 from decode.trees import DynamicTree, StaticTree
 from drafters.draft_model import DraftModel
 from drafters.eagle import Eagle
+from drafters.hydra import Hydra
 from drafters.medusa import Medusa
 from models import llama
+from test_hydra import random_params
 
 V = 12
 CFG = LlamaConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16,
@@ -60,7 +64,8 @@ DRAFTERS = {"chain": DraftModel(CFG), "static-tree": DraftModel(CFG, StaticTree.
             "dynamic-tree": DraftModel(CFG, DynamicTree(width=3, depth=2, children=3)),
             "medusa-tree": Medusa(3, StaticTree.full((3, 2))),
             "eagle-tree": Eagle(tree=StaticTree.full((3, 2))),
-            "eagle-adaptive": Eagle(stop_threshold=0.5)}
+            "eagle-adaptive": Eagle(stop_threshold=0.5),
+            "hydra-tree": Hydra(2, StaticTree.full((3, 2)), prefix_attention=True)}
 
 
 def _heads():
@@ -100,7 +105,8 @@ def test_first_and_second_tokens_follow_target(models, sampling, drafter):
   target, draft = models
   p1, p2 = _exact(target, sampling)
   dparams = (_heads() if drafter.startswith("medusa") else
-             _eagle(target) if drafter.startswith("eagle") else draft)
+             _eagle(target) if drafter.startswith("eagle") else
+             random_params(DRAFTERS[drafter], CFG) if drafter.startswith("hydra") else draft)
   first, second = _run(target, dparams, sampling, seed=0, drafter=DRAFTERS[drafter])
   assert _tv(first, p1) < BOUND and _tv(second, p2) < BOUND
   assert np.all(p1[first] > 0) and np.all(p2[second] > 0)  # nothing outside top-p

@@ -1,0 +1,227 @@
+"""Hydra heads (Ankner et al. 2024): draft heads that see the tokens drafted before them.
+
+Like Medusa, head j (1-based) starts from the target's final-normed feature h at the node that
+gave the pending token and predicts the j-th token after the pending one through the target's
+own output head. Unlike Medusa, it also reads the embeddings (the target's table, frozen) of the
+tokens in between, the pending token and drafts 1..j-1, so its guess follows the path it
+continues (sequential dependence):
+
+  x_j = [h; e(pending); e(draft 1); ...; e(draft j-1)]   [(j + 1) d]
+  z = W_j x_j + b_j, then mlp_layers residual blocks z <- z + SiLU(W z + b)
+  logits_j = lm_head(z)
+
+Initialized with W_j = [I 0 ... 0] and zero blocks, every head starts as a copy of the target's
+next-token head on h; the embedding columns and the blocks get gradients from the first step.
+
+Hydra++ options: `prefix_attention` adds one causal decoder layer (a llama.Block, zero output
+projections so it starts as the identity) over the target's features of the whole context; its
+output at the node that gave the pending token replaces h. Its K/V over context positions live
+in the drafter state, kept in step with the target's cache by length arithmetic: `init` runs it
+over the prefill's features of the prompt, `update` over the verify step's features along the
+kept path (rolled back to the kept length). `mlp_layers` deepens the heads (4 in Hydra++).
+Hydra++'s teacher-distillation objective is training on the target's distributions, which
+train/heads.py does (HeadsConfig.divergence). Its training-time input noise is not here.
+
+Drafting grows the tree level by level (drafters/tree_draft.grow_tree): head j runs once per node
+at depth j - 1 on that node's own path, so siblings get different children. A chain is the
+one-child-per-level tree; static trees draw sampled siblings without replacement from their
+parent's q; dynamic trees keep the most probable paths (deterministic, one-hot in verification).
+
+Dims: b batch, t time, w level width, p path length, j heads, d model, v vocab.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from decode.sampling import SamplingConfig
+from decode.trees import StaticTree, Tree
+from drafters.base import Draft, TargetView, Verified
+from drafters.tree_draft import check_tree, grow_tree
+from models import llama
+from models.kvcache import KVCache
+
+
+@flax.struct.dataclass
+class HydraState:
+  base: jax.Array  # [b, d] the heads' base input at the node that gave the pending token
+  prefix: KVCache | None  # prefix layer K/V over positions [0, P), P the pending token's; or None
+  config: object = flax.struct.field(pytree_node=False)  # the target's LlamaConfig (static)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hydra:
+  n_heads: int = 4
+  tree: Tree | None = None  # None: a chain of k <= n_heads drafts
+  prefix_attention: bool = False  # Hydra++: a causal decoder layer over the context's features
+  mlp_layers: int = 1  # residual SiLU blocks per head (Hydra++: 4)
+  hidden_layers = (-1,)  # the verify forward's features the drafter reads (final-normed)
+
+  def __post_init__(self):
+    if self.n_heads < 1:
+      raise ValueError(f"Hydra needs n_heads >= 1, got {self.n_heads}")
+    if self.mlp_layers < 1:
+      raise ValueError(f"Hydra needs mlp_layers >= 1, got {self.mlp_layers}")
+
+  def check(self, target, params, k: int) -> None:
+    if params is None:
+      raise ValueError("a Hydra drafter needs its head params (drafter_params=...)")
+    want = _shapes(jax.eval_shape(lambda: self.init_params(target)))
+    got = _shapes(params)
+    if want.keys() != got.keys():
+      missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
+      raise ValueError(f"Hydra params {f'lack {missing}' if missing else ''}"
+                       f"{' and ' if missing and extra else ''}"
+                       f"{f'have unexpected {extra}' if extra else ''} for {self}: were they "
+                       f"made with other n_heads, prefix_attention or mlp_layers?")
+    wrong = {name: got[name] for name in want if got[name] != want[name]}
+    if wrong:
+      raise ValueError(f"Hydra params have shapes {wrong}, but this target (d_model "
+                       f"{target.d_model}) needs {({name: want[name] for name in wrong})}: were "
+                       f"they trained on another target?")
+    depth = self.tree.depth if self.tree is not None else k
+    if depth > self.n_heads:
+      raise ValueError(f"{'tree depth' if self.tree is not None else 'k'} {depth} needs "
+                       f"{depth} heads, but the drafter has {self.n_heads}")
+    check_tree(self.tree, target.vocab_size)
+
+  def prepare(self, params):
+    return params
+
+  def init(self, params, view: TargetView, config, max_len: int) -> HydraState:
+    """The base at the last prompt token from the prefill's features; with prefix_attention,
+    the prefix layer run over the whole prompt into its cache."""
+    feats = view.prompt_hidden[0]  # [b, T, d]
+    b, t = feats.shape[:2]
+    rows, last = jnp.arange(b), view.lengths - 2  # the last prompt token gave the pending one
+    if not self.prefix_attention:
+      return HydraState(feats[rows, last], None, config)
+    cache = KVCache.init(_prefix_config(config), b, max_len, jnp.float32, per_layer=True)
+    out, cache = prefix_layer(params["prefix"], config, feats,
+                              jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), cache)
+    # Pad slots past each prompt were written too; the length hides them.
+    return HydraState(out[rows, last], cache.with_lengths(view.lengths - 1), config)
+
+  def propose(self, params, state: HydraState, view: TargetView, key, config, k: int,
+              sampling: SamplingConfig):
+    tree = self.tree if self.tree is not None else StaticTree.chain(k)
+    last = view.history[jnp.arange(state.base.shape[0]), view.lengths - 1]
+    tokens, q, parents = draft_heads(params, view.params, config, state.base, last, key, tree,
+                                     sampling)
+    return Draft(tokens=tokens, probs=q, parents=None if self.tree is None else parents), \
+        state, view
+
+  def update(self, params, state: HydraState, view: TargetView, verified: Verified) -> HydraState:
+    """The base at the last kept node; with prefix_attention, the kept path's features appended
+    to the prefix layer's cache from the root's position (P before this step) on."""
+    rows, n_acc = jnp.arange(state.base.shape[0]), verified.n_accepted
+    if not self.prefix_attention:
+      return state.replace(base=verified.hidden[0][rows, verified.path[rows, n_acc]])
+    feats = jnp.take_along_axis(verified.hidden[0], verified.path[..., None], 1)  # [b, p, d]
+    positions = state.prefix.lengths[:, None] + jnp.arange(feats.shape[1], dtype=jnp.int32)
+    out, cache = prefix_layer(params["prefix"], state.config, feats, positions, state.prefix)
+    # The path past n_accepted (padded with its last node) lands beyond the new length.
+    return state.replace(base=out[rows, n_acc], prefix=cache.with_lengths(view.lengths - 1))
+
+  def init_params(self, config, key=None) -> dict:
+    """Heads that copy the target's next-token head; a prefix layer that is the identity."""
+    d = config.d_model
+    params = {f"head{j}": {
+        "w_in": np.eye((j + 1) * d, d, dtype=np.float32),  # [I; 0]: reads h alone
+        "b_in": np.zeros((d,), np.float32),
+        "w_mlp": np.zeros((self.mlp_layers, d, d), np.float32),
+        "b_mlp": np.zeros((self.mlp_layers, d), np.float32),
+    } for j in range(1, self.n_heads + 1)}
+    if self.prefix_attention:
+      params["prefix"] = init_prefix_layer(config, jax.random.key(0) if key is None else key)
+    return params
+
+  def train_outputs(self, params, frozen, config, batch, key) -> dict:
+    """Teacher forcing: head j at position i reads h_i and the row's tokens i + 1..i + j (zero
+    embeddings past the row's end, positions the trainer drops) and predicts token i + j + 1."""
+    tokens, h = batch["tokens"], batch["hidden"][0]  # [b, t], [b, t, d]
+    t = tokens.shape[1]
+    if self.prefix_attention:
+      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), tokens.shape)
+      h, _ = prefix_layer(params["prefix"], config, h, positions)
+    e = embed(frozen, config, tokens)  # [b, t, d]
+    ahead = jnp.stack([jnp.pad(e[:, m:], ((0, 0), (0, m), (0, 0))) for m in
+                       range(1, self.n_heads + 1)], 2)  # [b, t, j, d]: ahead[:, i, m - 1] = e_{i+m}
+    return {"logits": jnp.stack([head_logits(params[f"head{j}"], frozen, config, h, ahead[:, :, :j])
+                                 for j in range(1, self.n_heads + 1)], 2)}  # [b, t, j, v]
+
+
+def embed(target_params, config, tokens: jax.Array) -> jax.Array:
+  """Token ids [...] -> the target's input embeddings [..., d]."""
+  return jnp.take(target_params["embed"], tokens, axis=0).astype(jnp.dtype(config.dtype))
+
+
+def head_logits(head: dict, target_params, config, base: jax.Array, path: jax.Array) -> jax.Array:
+  """One head: base [..., d] and the path's embeddings [..., p, d] -> logits [..., v]."""
+  base = jnp.broadcast_to(base, path.shape[:-2] + base.shape[-1:])
+  x = jnp.concatenate([base, path.reshape(*path.shape[:-2], -1)], -1)  # [..., (p + 1) d]
+  z = x @ head["w_in"] + head["b_in"]  # [..., d]
+  for w, b in zip(head["w_mlp"], head["b_mlp"]):
+    z = z + jax.nn.silu(z @ w + b)
+  return llama.lm_head(target_params, config, z)
+
+
+def draft_heads(params, target_params, config, base: jax.Array, last: jax.Array, key: jax.Array,
+          tree: Tree, sampling: SamplingConfig):
+  """One tree per row after the pending token `last` [b]: tokens [b, n], q [b, n, v] or None,
+  parents [b, n + 1]. Head j runs on each depth j - 1 node's path of embeddings."""
+  path = embed(target_params, config, last)[:, None, None]  # [b, 1, 1, d] the root's
+  root_logits = head_logits(params["head1"], target_params, config, base[:, None], path)
+
+  def feed(path, depth, level, local, mask):  # path [b, w', depth, d] of depth - 1's nodes
+    path = jnp.concatenate([jnp.take_along_axis(path, local[:, :, None, None], 1),
+                            embed(target_params, config, level)[:, :, None]], 2)
+    logits = head_logits(params[f"head{depth + 1}"], target_params, config, base[:, None], path)
+    return logits, path  # [b, w, v], [b, w, depth + 1, d]
+
+  tokens, q, parents, _ = grow_tree(feed, path, root_logits, key, tree, sampling)
+  return tokens, q, parents
+
+
+def _prefix_config(config):
+  """The prefix layer's shape: one decoder layer of the target's, on the jnp attention path."""
+  return dataclasses.replace(config, n_layers=1, attention_impl="xla")
+
+
+@functools.partial(jax.jit, static_argnums=0)  # one compile per config, not an eager op at a time
+def init_prefix_layer(config, key: jax.Array) -> dict:
+  """A llama.Block with zero output projections (attention and MLP): the identity at first."""
+  cfg = _prefix_config(config)
+  x = jnp.zeros((1, 1, cfg.d_model), jnp.dtype(cfg.dtype))
+  ctx = (*llama.rope_tables(cfg, jnp.zeros((1, 1), jnp.int32)), None, jnp.ones((1, 1, 1), bool),
+         None)
+  params = nn.unbox(llama.Block(cfg).init(key, x, None, ctx)["params"])
+  return {**params, "o": jnp.zeros_like(params["o"]), "down": jnp.zeros_like(params["down"])}
+
+
+def prefix_layer(params, config, x: jax.Array, positions: jax.Array, cache: KVCache | None = None):
+  """Causal decoder layer over features x [b, t, d] at positions [b, t] -> ([b, t, d], cache).
+
+  With a cache, x is appended at slots cache.lengths + [0, t) and attends to the slots before.
+  """
+  cfg = _prefix_config(config)
+  mask = llama.causal_mask(*x.shape[:2])
+  cos, sin = llama.rope_tables(cfg, positions)
+  block = llama.Block(cfg)
+  if cache is None:
+    out, _ = block.apply({"params": params}, x, None, (cos, sin, None, mask, None))
+    return out, None
+  ctx = (cos, sin, cache.lengths, cache.attention_mask(mask), None)
+  out, ((k, v), _) = block.apply({"params": params}, x, (cache.k[0], cache.v[0]), ctx)
+  return out, cache.replace(k=(k,), v=(v,), lengths=cache.lengths + x.shape[1])
+
+
+def _shapes(params) -> dict[str, tuple[int, ...]]:
+  return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
