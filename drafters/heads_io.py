@@ -24,7 +24,8 @@ from train.checkpoints import Checkpointer
 FORMAT = "speculax-head-drafter-v1"
 SPEC, PARAMS = "drafter.json", "drafter_params"
 # kind -> "module.Class" of every head drafter; a new one is one more line here.
-KINDS = {"medusa": "drafters.medusa.Medusa", "eagle": "drafters.eagle.Eagle"}
+KINDS = {"medusa": "drafters.medusa.Medusa", "hydra": "drafters.hydra.Hydra",
+         "eagle": "drafters.eagle.Eagle"}
 # LlamaConfig fields chosen when the target is loaded or run, not by its weights.
 _RUNTIME_FIELDS = ("dtype", "param_dtype", "attention_impl", "attention_block_kv")
 

@@ -79,8 +79,10 @@ def _eagle(target):
   """EAGLE params for CFG whose q differs from p, and whose acceptance head stops chains after
   1, 2 or 3 drafts depending on the drafted features."""
   k1, k2 = jax.random.split(jax.random.key(6))
-  params = Eagle().init_params(CFG, k1, target)
+  params = Eagle().init_params(CFG, k1)
   params["fc"] = params["fc"] + jax.random.normal(k1, params["fc"].shape) * 0.3
+  params["layer"] = {**params["layer"], **{n: jax.random.normal(k2, params["layer"][n].shape) * 0.1
+                                           for n in ("o", "down")}}
   params["accept"] = {"w": jax.random.normal(k2, (CFG.d_model,)), "b": jnp.asarray(1.0)}
   return params
 
