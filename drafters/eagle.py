@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -39,6 +38,7 @@ import optax
 from decode.sampling import SamplingConfig, probs, sample
 from decode.trees import Tree
 from drafters.base import Draft, TargetView, Verified
+from drafters.feature_layer import init_layer, layer_config, run_layer
 from drafters.tree_draft import check_tree, grow_tree
 from models import llama
 from models.kvcache import KVCache
@@ -104,12 +104,7 @@ class Eagle:
     drafter's first draft is the target's own next-token guess on g. The acceptance head starts
     at sigmoid(2) ~ 0.88 for every draft."""
     d, n = config.d_model, len(self.feature_layers)
-    c = _layer_config(config)
-    x, pos = jnp.zeros((1, 1, d), jnp.float32), jnp.zeros((1, 1), jnp.int32)
-    ctx = (*llama.rope_tables(c, pos), None, jnp.ones((1, 1, 1), bool), None)
-    key = jax.random.key(0) if key is None else key
-    layer = nn.unbox(llama.Block(c).init(key, x, None, ctx)["params"])
-    layer = {**layer, "o": jnp.zeros_like(layer["o"]), "down": jnp.zeros_like(layer["down"])}
+    layer = init_layer(config, jax.random.key(0) if key is None else key)
     params = {"fc": jnp.concatenate([jnp.eye(d), jnp.zeros((d, d))]),  # [2d, d]
               "layer": layer, "norm": jnp.ones((d,), jnp.float32),
               "accept": {"w": jnp.zeros((d,), jnp.float32), "b": jnp.full((), 2.0, jnp.float32)}}
@@ -123,7 +118,7 @@ class Eagle:
     """Feeds the prompt's real entries: feature i with token i + 1, up to the pending token."""
     f = view.prompt_hidden  # [l, b, T, d]
     b, t = f.shape[1:3]
-    cache = KVCache.init(_layer_config(config), b, max_len, dtype=jnp.float32, per_layer=True)
+    cache = KVCache.init(layer_config(config), b, max_len, dtype=jnp.float32, per_layer=True)
     a, cache = _step(params, view.params, config, _fuse(params, f), view.history[:, 1:t + 1],
                      jnp.broadcast_to(jnp.arange(t), (b, t)), cache, llama.causal_mask(b, t))
     pending = view.lengths - 1  # [b]
@@ -207,7 +202,7 @@ class Eagle:
       x = jnp.concatenate(xs, 1)  # [b, s t, d] every step's entries so far
       positions = jnp.broadcast_to(jnp.tile(jnp.arange(t), s), (b, s * t))
       mask = jnp.broadcast_to(jnp.asarray(ttt_mask(t, s)), (b, s * t, s * t))
-      y, _ = _layer(params, config, x, positions, None, None, mask)
+      y, _ = run_layer(params["layer"], config, x, positions, mask=mask)
       a = llama.rms_norm(y[:, -t:], params["norm"], config.norm_eps)  # [b, t, d] step s
       shift = lambda z: jnp.concatenate([z[:, s - 1:], jnp.zeros_like(z[:, :s - 1])], 1)
       logits.append(shift(llama.lm_head(frozen, config, a)))  # [b, t, v] by rollout start
@@ -238,19 +233,6 @@ def ttt_mask(t: int, s: int) -> np.ndarray:
   return real | own
 
 
-def _layer_config(config):
-  """The draft layer: one decoder layer of the target's shape, plain XLA attention."""
-  return dataclasses.replace(config, n_layers=1, attention_impl="xla")
-
-
-def _layer(params, config, x, positions, layer_kv, lengths, mask):
-  """The decoder layer on x [b, t, d]; mask [b, t, s] over the cache (or [b, t, t] without)."""
-  c = _layer_config(config)
-  ctx = (*llama.rope_tables(c, positions), lengths, mask, None)
-  y, (layer_kv, _) = llama.Block(c).apply({"params": params["layer"]}, x, layer_kv, ctx)
-  return y, layer_kv
-
-
 def _entries(params, frozen, g, tokens):
   """x = W [g; e(token)]: g [b, t, d], tokens [b, t] -> [b, t, d]."""
   e = jnp.take(frozen["embed"], tokens, axis=0).astype(jnp.float32)
@@ -260,10 +242,8 @@ def _entries(params, frozen, g, tokens):
 def _step(params, frozen, config, g, tokens, positions, cache: KVCache, new_mask):
   """Appends entries (g [b, t, d], tokens [b, t]) at positions to the draft cache; returns the
   drafter's features a [b, t, d] and the cache. new_mask [b, t, u] as KVCache.attention_mask."""
-  x = _entries(params, frozen, g, tokens)
-  y, (k, v) = _layer(params, config, x, positions, (cache.k[0], cache.v[0]), cache.lengths,
-                     cache.attention_mask(new_mask))
-  cache = cache.replace(k=(k,), v=(v,), lengths=cache.lengths + tokens.shape[1])
+  y, cache = run_layer(params["layer"], config, _entries(params, frozen, g, tokens), positions,
+                       cache, new_mask)
   return llama.rms_norm(y, params["norm"], config.norm_eps), cache
 
 

@@ -32,9 +32,7 @@ Dims: b batch, t time, w level width, p path length, j heads, d model, v vocab.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
-import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -43,6 +41,7 @@ import numpy as np
 from decode.sampling import SamplingConfig
 from decode.trees import StaticTree, Tree
 from drafters.base import Draft, TargetView, Verified
+from drafters.feature_layer import init_layer, layer_config, run_layer
 from drafters.tree_draft import check_tree, grow_tree
 from models import llama
 from models.kvcache import KVCache
@@ -102,8 +101,8 @@ class Hydra:
     rows, last = jnp.arange(b), view.lengths - 2  # the last prompt token gave the pending one
     if not self.prefix_attention:
       return HydraState(feats[rows, last], None, config)
-    cache = KVCache.init(_prefix_config(config), b, max_len, jnp.float32, per_layer=True)
-    out, cache = prefix_layer(params["prefix"], config, feats,
+    cache = KVCache.init(layer_config(config), b, max_len, jnp.float32, per_layer=True)
+    out, cache = run_layer(params["prefix"], config, feats,
                               jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), cache)
     # Pad slots past each prompt were written too; the length hides them.
     return HydraState(out[rows, last], cache.with_lengths(view.lengths - 1), config)
@@ -125,7 +124,7 @@ class Hydra:
       return state.replace(base=verified.hidden[0][rows, verified.path[rows, n_acc]])
     feats = jnp.take_along_axis(verified.hidden[0], verified.path[..., None], 1)  # [b, p, d]
     positions = state.prefix.lengths[:, None] + jnp.arange(feats.shape[1], dtype=jnp.int32)
-    out, cache = prefix_layer(params["prefix"], state.config, feats, positions, state.prefix)
+    out, cache = run_layer(params["prefix"], state.config, feats, positions, state.prefix)
     # The path past n_accepted (padded with its last node) lands beyond the new length.
     return state.replace(base=out[rows, n_acc], prefix=cache.with_lengths(view.lengths - 1))
 
@@ -139,7 +138,7 @@ class Hydra:
         "b_mlp": np.zeros((self.mlp_layers, d), np.float32),
     } for j in range(1, self.n_heads + 1)}
     if self.prefix_attention:
-      params["prefix"] = init_prefix_layer(config, jax.random.key(0) if key is None else key)
+      params["prefix"] = init_layer(config, jax.random.key(0) if key is None else key)
     return params
 
   def train_outputs(self, params, frozen, config, batch, key) -> dict:
@@ -149,7 +148,7 @@ class Hydra:
     t = tokens.shape[1]
     if self.prefix_attention:
       positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), tokens.shape)
-      h, _ = prefix_layer(params["prefix"], config, h, positions)
+      h, _ = run_layer(params["prefix"], config, h, positions)
     e = embed(frozen, config, tokens)  # [b, t, d]
     ahead = jnp.stack([jnp.pad(e[:, m:], ((0, 0), (0, m), (0, 0))) for m in
                        range(1, self.n_heads + 1)], 2)  # [b, t, j, d]: ahead[:, i, m - 1] = e_{i+m}
@@ -187,39 +186,6 @@ def draft_heads(params, target_params, config, base: jax.Array, last: jax.Array,
 
   tokens, q, parents, _ = grow_tree(feed, path, root_logits, key, tree, sampling)
   return tokens, q, parents
-
-
-def _prefix_config(config):
-  """The prefix layer's shape: one decoder layer of the target's, on the jnp attention path."""
-  return dataclasses.replace(config, n_layers=1, attention_impl="xla")
-
-
-@functools.partial(jax.jit, static_argnums=0)  # one compile per config, not an eager op at a time
-def init_prefix_layer(config, key: jax.Array) -> dict:
-  """A llama.Block with zero output projections (attention and MLP): the identity at first."""
-  cfg = _prefix_config(config)
-  x = jnp.zeros((1, 1, cfg.d_model), jnp.dtype(cfg.dtype))
-  ctx = (*llama.rope_tables(cfg, jnp.zeros((1, 1), jnp.int32)), None, jnp.ones((1, 1, 1), bool),
-         None)
-  params = nn.unbox(llama.Block(cfg).init(key, x, None, ctx)["params"])
-  return {**params, "o": jnp.zeros_like(params["o"]), "down": jnp.zeros_like(params["down"])}
-
-
-def prefix_layer(params, config, x: jax.Array, positions: jax.Array, cache: KVCache | None = None):
-  """Causal decoder layer over features x [b, t, d] at positions [b, t] -> ([b, t, d], cache).
-
-  With a cache, x is appended at slots cache.lengths + [0, t) and attends to the slots before.
-  """
-  cfg = _prefix_config(config)
-  mask = llama.causal_mask(*x.shape[:2])
-  cos, sin = llama.rope_tables(cfg, positions)
-  block = llama.Block(cfg)
-  if cache is None:
-    out, _ = block.apply({"params": params}, x, None, (cos, sin, None, mask, None))
-    return out, None
-  ctx = (cos, sin, cache.lengths, cache.attention_mask(mask), None)
-  out, ((k, v), _) = block.apply({"params": params}, x, (cache.k[0], cache.v[0]), ctx)
-  return out, cache.replace(k=(k,), v=(v,), lengths=cache.lengths + x.shape[1])
 
 
 def _shapes(params) -> dict[str, tuple[int, ...]]:

@@ -42,6 +42,9 @@ class Medusa:
     if got != want:
       raise ValueError(f"Medusa head params must have shapes {want} for this target "
                        f"(d_model {d}), got {got}: were they trained on another target?")
+    if self.tree is not None and not isinstance(self.tree, StaticTree):
+      raise ValueError(f"Medusa heads draft a static tree (their candidates do not depend on the "
+                       f"drafted prefix), got {self.tree}")
     depth = self.tree.depth if self.tree is not None else k
     if depth > self.n_heads:
       raise ValueError(f"{'tree depth' if self.tree is not None else 'k'} {depth} needs "

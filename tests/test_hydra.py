@@ -12,7 +12,8 @@ from decode.sampling import SamplingConfig
 from decode.speculative import SpecConfig, speculative_generate
 from decode.trees import DynamicTree, StaticTree
 from drafters.base import TargetView
-from drafters.hydra import Hydra, draft_heads, prefix_layer
+from drafters.feature_layer import run_layer
+from drafters.hydra import Hydra, draft_heads
 from drafters.medusa import Medusa
 from models import llama
 from models.kvcache import KVCache
@@ -119,7 +120,7 @@ def _fresh_pass(params, dparams, cfg, drafter, tokens):
     return hidden[0], None
   cache = KVCache.init(dataclasses.replace(cfg, n_layers=1), *tokens.shape, jnp.float32,
                        per_layer=True)
-  return prefix_layer(dparams["prefix"], cfg, hidden[0], positions, cache)
+  return run_layer(dparams["prefix"], cfg, hidden[0], positions, cache)
 
 
 @pytest.mark.parametrize("tree", [None, StaticTree.full((3, 2, 1))], ids=["chain", "tree"])

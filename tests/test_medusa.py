@@ -6,7 +6,7 @@ import pytest
 
 from configs.models import get_preset
 from decode.speculative import SpecConfig, speculative_generate
-from decode.trees import StaticTree
+from decode.trees import DynamicTree, StaticTree
 from drafters.medusa import Medusa, heads_logits, init_heads
 from models import llama
 from tiny_prompts import NEW, PROMPTS
@@ -58,6 +58,9 @@ def test_bad_medusa_input(tiny):
                          drafter_params=_random_heads(cfg, 2))
   with pytest.raises(ValueError, match="k 5 needs 5 heads, but the drafter has 4"):
     speculative_generate(params, cfg, [[1, 2]], Medusa(4), SpecConfig(k=5),
+                         drafter_params=_random_heads(cfg))
+  with pytest.raises(ValueError, match="Medusa heads draft a static tree"):
+    speculative_generate(params, cfg, [[1, 2]], Medusa(4, DynamicTree(2, 2, 2)),
                          drafter_params=_random_heads(cfg))
   other = get_preset("tiny-untied-llama3")
   wide = {"w": jnp.zeros((4, 32, 32)), "b": jnp.zeros((4, 32))}

@@ -1,0 +1,55 @@
+"""One decoder layer of the target's shape over feature vectors, with its own KV cache.
+
+The building block of drafters that attend over the target's features: Hydra++'s prefix layer
+and EAGLE's draft layer. It is a llama.Block on the jnp attention path (the drafter's cache is
+small; the Pallas kernel serves the target).
+
+Dims: b batch, t new entries, u cache slots the mask covers, d model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from models import llama
+from models.kvcache import KVCache
+
+
+def layer_config(config):
+  """The layer's config: one decoder layer of the target's, plain XLA attention."""
+  return dataclasses.replace(config, n_layers=1, attention_impl="xla")
+
+
+@functools.partial(jax.jit, static_argnums=0)  # one compile per config, not an eager op at a time
+def init_layer(config, key: jax.Array) -> dict:
+  """Block params with zero output projections (attention and MLP): the identity at first."""
+  cfg = layer_config(config)
+  x = jnp.zeros((1, 1, cfg.d_model), jnp.dtype(cfg.dtype))
+  ctx = (*llama.rope_tables(cfg, jnp.zeros((1, 1), jnp.int32)), None, jnp.ones((1, 1, 1), bool),
+         None)
+  params = nn.unbox(llama.Block(cfg).init(key, x, None, ctx)["params"])
+  return {**params, "o": jnp.zeros_like(params["o"]), "down": jnp.zeros_like(params["down"])}
+
+
+def run_layer(params, config, x: jax.Array, positions: jax.Array, cache: KVCache | None = None,
+              mask: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+  """The layer on x [b, t, d] at positions [b, t] -> ([b, t, d], cache or None).
+
+  mask: without a cache [b, t, t] among the entries; with one [b, t, u] over the last u slots up
+  to the new entries (KVCache.attention_mask), the new entries written at cache.lengths on.
+  Default causal.
+  """
+  cfg = layer_config(config)
+  mask = llama.causal_mask(*x.shape[:2]) if mask is None else mask
+  cos, sin = llama.rope_tables(cfg, positions)
+  block = llama.Block(cfg)
+  if cache is None:
+    out, _ = block.apply({"params": params}, x, None, (cos, sin, None, mask, None))
+    return out, None
+  ctx = (cos, sin, cache.lengths, cache.attention_mask(mask), None)
+  out, ((k, v), _) = block.apply({"params": params}, x, (cache.k[0], cache.v[0]), ctx)
+  return out, cache.replace(k=(k,), v=(v,), lengths=cache.lengths + x.shape[1])
