@@ -42,7 +42,7 @@ from decode.sampling import SamplingConfig
 from decode.trees import StaticTree, Tree
 from drafters.base import Draft, TargetView, Verified
 from drafters.feature_layer import init_layer, layer_config, run_layer
-from drafters.tree_draft import check_tree, grow_tree
+from drafters.tree_draft import check_heads, grow_tree
 from models import llama
 from models.kvcache import KVCache
 
@@ -84,11 +84,7 @@ class Hydra:
       raise ValueError(f"Hydra params have shapes {wrong}, but this target (d_model "
                        f"{target.d_model}) needs {({name: want[name] for name in wrong})}: were "
                        f"they trained on another target?")
-    depth = self.tree.depth if self.tree is not None else k
-    if depth > self.n_heads:
-      raise ValueError(f"{'tree depth' if self.tree is not None else 'k'} {depth} needs "
-                       f"{depth} heads, but the drafter has {self.n_heads}")
-    check_tree(self.tree, target.vocab_size)
+    check_heads(self.tree, k, self.n_heads, target.vocab_size)
 
   def prepare(self, params):
     return params

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from decode.sampling import SamplingConfig, candidates, probs, sample
 from decode.trees import StaticTree
 from drafters.base import Draft, TargetView, Verified
-from drafters.tree_draft import check_tree
+from drafters.tree_draft import check_heads
 from models import llama
 
 
@@ -45,11 +45,7 @@ class Medusa:
     if self.tree is not None and not isinstance(self.tree, StaticTree):
       raise ValueError(f"Medusa heads draft a static tree (their candidates do not depend on the "
                        f"drafted prefix), got {self.tree}")
-    depth = self.tree.depth if self.tree is not None else k
-    if depth > self.n_heads:
-      raise ValueError(f"{'tree depth' if self.tree is not None else 'k'} {depth} needs "
-                       f"{depth} heads, but the drafter has {self.n_heads}")
-    check_tree(self.tree, target.vocab_size)
+    check_heads(self.tree, k, self.n_heads, target.vocab_size)
 
   def prepare(self, params):
     return params

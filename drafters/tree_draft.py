@@ -94,3 +94,12 @@ def check_tree(tree: Tree | None, vocab_size: int) -> None:
   if tree is not None and tree.max_children > vocab_size:
     raise ValueError(f"tree asks {tree.max_children} candidates per node, more than the "
                      f"vocabulary size {vocab_size}")
+
+
+def check_heads(tree: Tree | None, k: int, n_heads: int, vocab_size: int) -> None:
+  """Host-side, for head drafters: the chain of k or the tree needs one head per depth."""
+  depth = tree.depth if tree is not None else k
+  if depth > n_heads:
+    raise ValueError(f"{'tree depth' if tree is not None else 'k'} {depth} needs {depth} heads, "
+                     f"but the drafter has {n_heads}")
+  check_tree(tree, vocab_size)
