@@ -65,6 +65,17 @@ class DistillExperiment:
     return pathlib.Path(self.out_dir) / self.name
 
 
+def smoke(exp: DistillExperiment) -> DistillExperiment:
+  """A minutes-long version of an experiment (same trainer and drafter), to check the whole
+  pipeline end to end: 32 rows of 128 tokens, 12 updates, frequent checkpoints and evals."""
+  optim = dataclasses.replace(exp.distill.optim, warmup_steps=2, total_steps=12)
+  return dataclasses.replace(
+      exp, name=f"{exp.name}-smoke",
+      data=DataConfig(files=40, seq_len=128, rows=32, heldout_rows=8, top_k=32),
+      distill=dataclasses.replace(exp.distill, optim=optim),
+      checkpoint_every=6, log_every=2, eval_every=6)
+
+
 @dataclasses.dataclass(frozen=True)
 class Student:
   """What an experiment trains and how its objective sees it."""
