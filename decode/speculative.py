@@ -60,7 +60,7 @@ class SpecState:
   accepted_at: jax.Array  # [k] int32 active sequences whose draft i was accepted
 
 
-def _block(drafter: Drafter, spec: SpecConfig) -> tuple[int, int]:
+def block_shape(drafter: Drafter, spec: SpecConfig) -> tuple[int, int]:
   """(draft tokens fed per verify step, most drafts one step can keep): k and k for a chain."""
   tree = drafter.tree
   return (spec.k, spec.k) if tree is None else (tree.n_nodes, tree.depth)
@@ -182,7 +182,7 @@ def _start(params, dparams, config, spec, drafter, max_len, tokens, lengths, log
       drafter=drafter.init(dparams, view, config, max_len), key=key,
       forwards=jnp.ones((), jnp.int32), row_steps=jnp.zeros((), jnp.int32),
       step_tokens=jnp.zeros((), jnp.int32),
-      accepted_at=jnp.zeros((_block(drafter, spec)[1],), jnp.int32))
+      accepted_at=jnp.zeros((block_shape(drafter, spec)[1],), jnp.int32))
 
 
 def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
@@ -199,7 +199,7 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   drafter_params = drafter.prepare(drafter_params)
   tokens, lengths = pack_prompts(prompts, config.vocab_size, spec.prompt_bucket)
   # Room: the prompt, the new tokens, and one verify block (k or tree nodes, + 1) past the last.
-  nodes = _block(drafter, spec)[0]
+  nodes = block_shape(drafter, spec)[0]
   check_room(int(lengths.max()), spec.max_new_tokens, config.max_seq_len, extra=nodes + 1)
   b = len(lengths)
   max_len = tokens.shape[1] + spec.max_new_tokens + nodes + 1

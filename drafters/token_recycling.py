@@ -13,6 +13,7 @@ Dims: b batch, n nodes, c candidates per token, v vocab.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +35,7 @@ DEFAULT_TREE = StaticTree((
 @dataclasses.dataclass(frozen=True)
 class TokenRecycling:
   tree: StaticTree = DEFAULT_TREE
+  hot_start: ClassVar[bool] = True  # a serving loop passes each run's final state to the next
 
   def check(self, target, params, k: int) -> None:
     check_tree(self.tree, target.vocab_size)

@@ -114,6 +114,12 @@ def train_step(state: TrainState, batch, config: LlamaConfig, cfg: DistillConfig
                        step=state.step + 1, key=jax.random.key_data(key)), metrics
 
 
+@functools.partial(jax.jit, static_argnames=("config", "cfg"))
+def eval_metrics(params, config: LlamaConfig, cfg, batch, frozen=None) -> dict:
+  """The objective's metrics on one batch, no update (held-out evaluation)."""
+  return cfg.objective(params, config, batch, jax.random.key(0), frozen)[1]
+
+
 @functools.partial(jax.jit, static_argnames=("config", "k"))
 def teacher_topk(params, config: LlamaConfig, tokens, k: int):
   """The target's top-k log-probs at every position of tokens [b, t] (on-policy rows)."""

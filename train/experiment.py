@@ -13,7 +13,6 @@ with `speculax train --config configs/<experiment>.py`. Everything it writes goe
 from __future__ import annotations
 
 import dataclasses
-import functools
 import pathlib
 
 import jax
@@ -27,7 +26,7 @@ from models.derive import truncated
 from models.load import LoadedModel, load
 from train import data
 from train.checkpoints import Checkpointer
-from train.distill import DistillConfig
+from train.distill import DistillConfig, eval_metrics
 from train.heads import HeadsConfig
 from train.loop import Target, fit, sharded_init
 from train.metrics_log import MetricsLog
@@ -94,11 +93,6 @@ def student(exp: DistillExperiment, model: LoadedModel) -> Student:
   return Student(*truncated(model.params, model.config, exp.draft_layers))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "cfg"))
-def _metrics(params, config, cfg, batch, frozen):
-  return cfg.objective(params, config, batch, jax.random.key(0), frozen)[1]
-
-
 def heldout_metrics(params, config: LlamaConfig, cfg, cache, frozen=None,
                     batch_size: int = 8) -> dict[str, float]:
   """Every objective metric, averaged over the held-out rows' batches. "acceptance" is the mean
@@ -108,7 +102,7 @@ def heldout_metrics(params, config: LlamaConfig, cfg, cache, frozen=None,
   for lo in range(0, cache.n - batch_size + 1, batch_size):
     b = {k: jnp.asarray(v) for k, v in cache.batch(np.arange(lo, lo + batch_size)).items()}
     b["mask"] = jnp.ones(b["tokens"].shape, jnp.float32)
-    parts.append(_metrics(params, config, cfg, b, frozen))
+    parts.append(eval_metrics(params, config, cfg, b, frozen))
   return {k: float(np.mean([m[k] for m in parts])) for k in parts[0]}
 
 

@@ -15,6 +15,7 @@ class OptimConfig:
   weight_decay: float = 0.0
   grad_clip: float = 1.0  # global-norm clipping; 0 disables it
   accum_steps: int = 1  # micro-batches per update (gradient accumulation)
+  decay: bool = True  # False: constant after warmup (online adaptation has no last step)
 
   def __post_init__(self):
     if not math.isfinite(self.learning_rate) or self.learning_rate <= 0:
@@ -35,6 +36,11 @@ class OptimConfig:
                                warmup_steps=min(self.warmup_steps, max(total_steps - 1, 0)))
 
   def schedule(self) -> optax.Schedule:
+    if not self.decay:  # (optax's warmup_constant_schedule stays at 0 with no warmup)
+      return optax.join_schedules([optax.linear_schedule(0.0, self.learning_rate,
+                                                         self.warmup_steps),
+                                   optax.constant_schedule(self.learning_rate)],
+                                  [self.warmup_steps])
     return optax.warmup_cosine_decay_schedule(0.0, self.learning_rate, self.warmup_steps,
                                               self.total_steps)
 

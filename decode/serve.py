@@ -1,0 +1,121 @@
+"""A serving loop over a stream of requests: batches, speculative decoding, and a drafter that
+may learn from what it serves.
+
+`serve` takes requests (token-id lists) in batches of `batch_size` and decodes each batch with
+`speculative_generate`. The drafter's state between batches is one of:
+  - frozen: the same drafter params every batch;
+  - online (Online Speculative Decoding): an `OnlineLearner` gets every served request with the
+    target laws verification recorded on it (`decode.recording.Recording`) and, when due, updates
+    the drafter params the next batches use;
+  - hot (Token Recycling, the train-free counterpart): the drafter's final state of one batch is
+    the next batch's params (`drafter.hot_start`).
+A request that cannot be served (too long for the cache, ids outside the vocabulary) is answered
+with its error and the rest of the stream goes on. Yields one `BatchReport` per batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Iterator, Sequence
+
+import jax
+import numpy as np
+
+from decode.inputs import check_room, pack_prompts
+from decode.recording import Recording
+from decode.speculative import SpecConfig, block_shape, speculative_generate
+from train.online import OnlineLearner, served_row
+
+
+@dataclasses.dataclass
+class Served:
+  index: int  # position in the stream
+  tokens: list[int] | None  # new tokens, or None when the request was refused
+  error: str | None = None
+
+
+@dataclasses.dataclass
+class BatchReport:
+  served: list[Served]  # this batch's requests, and any refused since the last batch
+  tau: float  # tokens per target forward per sequence
+  acceptance: float  # accepted drafts / drafts the steps could have kept: (tau - 1) / depth
+  accepted_at: np.ndarray  # [depth] fraction of steps whose draft i was accepted
+  new_tokens: int
+  seconds: float  # prefill + decode, compile excluded
+  update: dict | None = None  # the learner's round after this batch, if one ran
+
+  @property
+  def tokens_per_s(self) -> float:
+    return self.new_tokens / self.seconds
+
+
+def _refusal(prompt, config, spec: SpecConfig, extra: int) -> str | None:
+  try:
+    pack_prompts([prompt], config.vocab_size, spec.prompt_bucket)
+    check_room(len(prompt), spec.max_new_tokens, config.max_seq_len, extra=extra)
+  except (TypeError, ValueError) as e:
+    return str(e)
+  return None
+
+
+def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: SpecConfig,
+          drafter_params=None, batch_size: int = 4, learner: OnlineLearner | None = None,
+          key: jax.Array | None = None) -> Iterator[BatchReport]:
+  """Decodes `requests` in arrival order, `batch_size` at a time (the last batch may be smaller).
+
+  learner: adapt the drafter online (its params replace drafter_params); the drafter must be
+  the draft model whose params the learner trains.
+  """
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+  hot = getattr(drafter, "hot_start", False)
+  if learner is not None and hot:
+    raise ValueError(f"{type(drafter).__name__} adapts by its own state (hot start); it has no "
+                     "params for an online learner to train")
+  if learner is not None and getattr(drafter, "config", None) != learner.config:
+    raise ValueError(f"the online learner trains a draft model of config {learner.config}; "
+                     f"the drafter {type(drafter).__name__} is not that model")
+  if learner is not None:
+    drafter = Recording(drafter, learner.online.top_k, learner.online.all_positions)
+  extra, depth = block_shape(drafter, spec)
+  key = jax.random.key(0) if key is None else key
+  compiled = set()
+  stream = iter(enumerate(requests))
+  refused: list[Served] = []
+  while True:
+    batch = []
+    for index, prompt in stream:
+      error = _refusal(prompt, config, spec, extra + 1)
+      if error is None:
+        batch.append((index, list(prompt)))
+      else:
+        refused.append(Served(index, None, f"request {index} refused: {error}"))
+      if len(batch) == batch_size:
+        break
+    if not batch:
+      break
+    prompts = [p for _, p in batch]
+    shape = (len(prompts), -(-max(map(len, prompts)) // spec.prompt_bucket))
+    key, sub = jax.random.split(key)
+    dparams = drafter_params if learner is None else learner.params
+    out = speculative_generate(params, config, prompts, drafter, spec, drafter_params=dparams,
+                               key=sub, warmup=shape not in compiled)
+    compiled.add(shape)
+    if hot:
+      drafter_params = out.drafter_state
+    update = None
+    if learner is not None:
+      rec = out.drafter_state
+      for i, (prompt, new) in enumerate(zip(prompts, out.tokens)):
+        learner.observe(served_row(prompt, new, np.asarray(rec.ids[i]),
+                                   np.asarray(rec.logprobs[i]), np.asarray(rec.recorded[i])))
+      if learner.due():
+        update = learner.update()
+    served = refused + [Served(i, t) for (i, _), t in zip(batch, out.tokens)]
+    refused = []
+    yield BatchReport(served=served, tau=out.tau, acceptance=(out.tau - 1) / depth,
+                      accepted_at=out.acceptance, new_tokens=out.new_tokens, seconds=out.wall_s,
+                      update=update)
+  if refused:
+    yield BatchReport(served=refused, tau=float("nan"), acceptance=float("nan"),
+                      accepted_at=np.zeros(depth), new_tokens=0, seconds=float("nan"))
