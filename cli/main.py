@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import generate, train
+from cli import generate, serve_bench, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,6 +13,7 @@ def main(argv: list[str] | None = None) -> int:
   sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
   generate.add_parser(sub)
   train.add_parser(sub)
+  serve_bench.add_parser(sub)
   args = parser.parse_args(argv)
   try:
     return args.run(args)

@@ -51,3 +51,36 @@ def test_train_overrides_either_trainers_budget(config):
   new = overridden(exp, steps=7, out_dir="elsewhere")
   assert new.distill.optim.total_steps == 7 and new.folder.parent.name == "elsewhere"
   assert type(new.distill) is type(exp.distill)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["no-such-file.jsonl"], "prompt file 'no-such-file.jsonl' does not exist"),
+    (["{stream}", "--online", "--drafter", "token-recycling"],
+     "--online trains a draft model (--drafter draft-model), not token-recycling"),
+    (["{stream}", "--online", "--buffer-size", "0"], "buffer_size must be >= 1 row, got 0"),
+    (["{stream}", "--online", "--update-every", "0"], "update_every must be >= 1, got 0"),
+    (["{bad}"], "bad.jsonl:2: expected an object with a \"prompt\" string"),
+])
+def test_serve_bench_bad_input_exits_with_a_clear_error(capsys, tmp_path, argv, message):
+  stream, bad = tmp_path / "stream.jsonl", tmp_path / "bad.jsonl"
+  stream.write_text('{"prompt": "hi"}\n')
+  bad.write_text('{"prompt": "hi"}\n{"text": "no prompt key"}\n')
+  argv = [a.format(stream=stream, bad=bad) for a in argv]
+  assert main(["serve-bench", *argv]) == 2
+  err = capsys.readouterr().err
+  assert message in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_serve_bench_online_prints_the_curve_and_resumes(capsys, tmp_path):
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("Name a fruit.\nName a color.\nName an animal.\nName a city.\n")
+  argv = ["serve-bench", str(prompts), "--online", "--batch-size", "2", "--max-new-tokens", "6",
+          "-k", "2", "--update-every", "2", "--min-positions", "1", "--steps", "1", "--train-batch", "1", "--seq-len",
+          "32", "--heldout-every", "0", "--checkpoint", str(tmp_path / "ckpt")]
+  assert main(argv) == 0
+  out = capsys.readouterr()
+  assert out.out.count("acceptance") >= 3 and "round 2: loss" in out.out
+  assert "2 update rounds, 0 rolled back" in out.out
+  assert main([*argv, "--limit", "2"]) == 0  # a restarted server picks up its drafter
+  assert "resumed from" in capsys.readouterr().err

@@ -1,0 +1,180 @@
+"""`speculax serve-bench`: serve a stream of prompts from a file in batches, printing the
+acceptance curve as it goes; `--online` adapts the draft model to the traffic while serving.
+
+The file: JSON lines {"prompt": text, "chat": true, "phase": name} ("chat" and "phase" optional:
+chat prompts are wrapped in the model's chat template; a phase labels a part of the stream), or
+any other text file, one chat prompt per non-empty line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import jax
+import numpy as np
+
+from decode.sampling import SamplingConfig
+from decode.serve import BatchReport, serve
+from decode.speculative import SpecConfig
+from drafters import registry
+from train.losses import DIVERGENCES
+from train.online import OnlineConfig, OnlineLearner
+
+BARS = "▁▂▃▄▅▆▇█"
+
+
+def add_parser(sub) -> None:
+  p = sub.add_parser(
+      "serve-bench", help="serve a stream of prompts, print the acceptance curve",
+      description="Serve the prompts of a file in arrival order, batch by batch, with speculative "
+                  "decoding, printing each batch's acceptance and a running curve. --online keeps "
+                  "distilling the draft model on the target laws verification computed "
+                  "(Online Speculative Decoding); outputs stay exactly the target's.",
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p.add_argument("prompts", help="a .jsonl stream ({\"prompt\", \"chat\", \"phase\"} per line) "
+                                 "or a text file with one chat prompt per line")
+  p.add_argument("--model", default="smollm2-135m", help="target: preset, .gguf or HF folder")
+  p.add_argument("--drafter", default="draft-model", choices=registry.NAMES[1:],
+                 help="drafter; --online trains draft-model only (token-recycling adapts by "
+                      "carrying its matrix from batch to batch)")
+  p.add_argument("--draft-model", default=None,
+                 help="draft-model: preset, .gguf or HF folder (default: a cut of the target)")
+  p.add_argument("--draft-layers", type=int, default=4,
+                 help="draft-model: layers of the target the default cut keeps")
+  p.add_argument("--heads", default=None, metavar="FOLDER", help="head drafters: trained folder")
+  p.add_argument("-k", type=int, default=4, help="draft tokens per verify step")
+  p.add_argument("--batch-size", type=int, default=4, help="requests decoded together")
+  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--limit", type=int, default=0, help="serve only the first N prompts (0 = all)")
+  p.add_argument("--online", action="store_true", help="adapt the draft model while serving")
+  p.add_argument("--update-every", type=int, default=8, help="online: requests between rounds")
+  p.add_argument("--min-positions", type=int, default=32,
+                 help="online: recorded positions the buffer needs before a round")
+  p.add_argument("--steps", type=int, default=8, help="online: optimizer updates per round")
+  p.add_argument("--train-batch", type=int, default=4, help="online: buffer rows per update")
+  p.add_argument("--lr", type=float, default=1e-3, help="online: constant learning rate")
+  p.add_argument("--divergence", default="fkl", choices=(*DIVERGENCES, "ce"),
+                 help="online: distillation divergence")
+  p.add_argument("--buffer-size", type=int, default=64, help="online: replay rows kept")
+  p.add_argument("--buffer-policy", default="fifo", choices=("fifo", "reservoir"))
+  p.add_argument("--seq-len", type=int, default=128, help="online: tokens kept per replay row")
+  p.add_argument("--all-positions", action="store_true",
+                 help="online: record every emitted token, not only rejected drafts")
+  p.add_argument("--heldout-every", type=int, default=8,
+                 help="online: every n-th request goes to the rollback check's held-out slice "
+                      "(0: no rollback)")
+  p.add_argument("--checkpoint", default=None, metavar="DIR",
+                 help="online: checkpoint each round here; an existing one is resumed")
+  p.set_defaults(run=run)
+
+
+def read_stream(path: str | pathlib.Path) -> list[dict]:
+  """[{"prompt", "chat", "phase"}] from a .jsonl stream or a text file of chat prompts."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"prompt file {str(path)!r} does not exist")
+  lines = [x for x in path.read_text().splitlines() if x.strip()]
+  if path.suffix != ".jsonl":
+    return [{"prompt": x, "chat": True, "phase": ""} for x in lines]
+  items = []
+  for n, line in enumerate(lines, 1):
+    try:
+      item = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}:{n}: not a JSON line ({e.msg})") from None
+    if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+      raise ValueError(f"{path}:{n}: expected an object with a \"prompt\" string, got {line[:60]!r}")
+    items.append({"prompt": item["prompt"], "chat": bool(item.get("chat", True)),
+                  "phase": str(item.get("phase", ""))})
+  if not items:
+    raise ValueError(f"prompt file {str(path)!r} holds no prompts")
+  return items
+
+
+def curve(values, width: int = 40) -> str:
+  """A one-line bar chart of values in [0, 1] (the latest `width`)."""
+  return "".join(BARS[int(np.clip(v, 0, 1) * (len(BARS) - 1) + 0.5)] for v in values[-width:])
+
+
+def stream_rows(model, items, drafter, dparams, spec: SpecConfig, batch_size: int,
+                learner: OnlineLearner | None = None, label: str = "", echo=print) -> list[dict]:
+  """Serves items (from read_stream) and returns one row per batch; echo prints a line per batch
+  with the running acceptance curve (None: silent)."""
+  tok = model.tokenizer
+  requests = [tok.encode(tok.chat_prompt(x["prompt"]) if x["chat"] else x["prompt"])
+              for x in items]
+  rows, t0 = [], time.perf_counter()
+  for n, report in enumerate(serve(model.params, model.config, requests, drafter, spec, dparams,
+                                   batch_size, learner)):
+    first = min(s.index for s in report.served)
+    rows.append(_row(n, report, items[first]["phase"]))
+    if echo is not None:
+      echo(_line(label, rows, report, time.perf_counter() - t0))
+  return rows
+
+
+def _row(n: int, report: BatchReport, phase: str) -> dict:
+  return dict(batch=n, phase=phase, requests=[s.index for s in report.served],
+              errors=[s.error for s in report.served if s.error], acceptance=report.acceptance,
+              tau=report.tau, tokens_per_s=report.tokens_per_s if report.new_tokens else 0.0,
+              accepted_at=np.asarray(report.accepted_at).tolist(), update=report.update)
+
+
+def _line(label: str, rows, report: BatchReport, elapsed: float) -> str:
+  acc = [r["acceptance"] for r in rows if np.isfinite(r["acceptance"])]
+  text = (f"{label}batch {rows[-1]['batch']:3d} {rows[-1]['phase'][:8]:8s} acceptance "
+          f"{report.acceptance:.3f} tau {report.tau:.2f} {rows[-1]['tokens_per_s']:6.1f} tok/s "
+          f"|{curve(acc)}| {elapsed:.0f}s")
+  if report.update is not None:
+    u = report.update
+    text += (f"\n  round {u['round']}: loss {u['loss']:.3f}, held-out acceptance "
+             f"{u['heldout_before']:.3f} -> {u['heldout_after']:.3f}"
+             + (" ROLLED BACK" if u["rolled_back"] else ""))
+  for error in rows[-1]["errors"]:
+    text += f"\n  {error}"
+  return text
+
+
+def run(args) -> int:
+  from models.load import load
+
+  items = read_stream(args.prompts)[:args.limit or None]
+  if args.online and args.drafter != "draft-model":
+    raise ValueError(f"--online trains a draft model (--drafter draft-model), not {args.drafter}")
+  online = None
+  if args.online:  # checked before the model load
+    online = OnlineConfig(divergence=args.divergence, update_every=args.update_every,
+                          min_positions=args.min_positions,
+                          steps=args.steps, batch_size=args.train_batch, learning_rate=args.lr,
+                          buffer_size=args.buffer_size, buffer_policy=args.buffer_policy,
+                          seq_len=args.seq_len, all_positions=args.all_positions,
+                          heldout_every=args.heldout_every, seed=args.seed)
+  spec = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens,
+                    sampling=SamplingConfig(args.temperature), prompt_bucket=128)
+  model = load(args.model)
+  draft = None
+  if args.draft_model is not None:
+    other = load(args.draft_model)
+    draft = (other.config, other.params)
+  drafter, dparams = registry.make(args.drafter, model.params, model.config, k=args.k,
+                                   draft=draft, draft_layers=args.draft_layers, heads=args.heads)
+  learner = None if online is None else OnlineLearner(dparams, drafter.config, online,
+                                                      args.checkpoint)
+  if learner is not None and learner.rounds:
+    print(f"resumed from {args.checkpoint}: {learner.rounds} rounds, {learner.requests} "
+          f"requests seen", file=sys.stderr)
+  print(f"serving {len(items)} prompts, batch {args.batch_size}, drafter {args.drafter}"
+        f"{' (online)' if learner else ''} on {jax.devices()[0].platform}", file=sys.stderr)
+  rows = stream_rows(model, items, drafter, dparams, spec, args.batch_size, learner,
+                     echo=lambda s: print(s, flush=True))
+  acc = [r["acceptance"] for r in rows if np.isfinite(r["acceptance"])] or [np.nan]
+  print(f"--- {len(items)} prompts in {len(rows)} batches: mean acceptance {np.mean(acc):.3f} "
+        f"(first batch {acc[0]:.3f}, last {acc[-1]:.3f})"
+        + (f"; {learner.rounds} update rounds, {learner.rollbacks} rolled back" if learner
+           else ""))
+  return 0
