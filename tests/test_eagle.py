@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs.meshes import MeshConfig
 from configs.models import get_preset
 from decode.sampling import SamplingConfig
 from decode.speculative import SpecConfig, speculative_generate
@@ -43,6 +44,16 @@ def test_eagle_greedy_equals_target_only(tiny, tiny_reference, mode):
                              drafter_params=_params(cfg, params, drafter))
   assert out.tokens == tiny_reference[:4]
   assert out.row_steps > 0
+
+
+@pytest.mark.parametrize("mode", ["dynamic-tree", "adaptive"])
+def test_eagle_sharded_equals_target_only(tiny, tiny_reference, mode):
+  cfg, params = tiny
+  drafter = MODES[mode]
+  out = speculative_generate(params, cfg, PROMPTS, drafter, SpecConfig(k=4, max_new_tokens=NEW),
+                             drafter_params=_params(cfg, params, drafter),
+                             mesh=MeshConfig(data=4, tensor=2))
+  assert out.tokens == tiny_reference
 
 
 def test_eagle_batch_one_and_sampled_run(tiny, tiny_reference):

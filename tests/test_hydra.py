@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs.meshes import MeshConfig
 from decode.sampling import SamplingConfig
 from decode.speculative import SpecConfig, speculative_generate
 from decode.trees import DynamicTree, StaticTree
@@ -145,6 +146,15 @@ def test_hydra_dynamic_tree_greedy_equals_target_only(tiny, tiny_reference):
   out = speculative_generate(params, cfg, PROMPTS[:4], drafter, SpecConfig(max_new_tokens=NEW),
                              drafter_params=random_params(drafter, cfg))
   assert out.tokens == tiny_reference[:4]
+
+
+def test_hydra_and_medusa_sharded_equal_target_only(tiny, tiny_reference):
+  cfg, params = tiny
+  for drafter in (Hydra(3, StaticTree.full((3, 2, 1)), prefix_attention=True), Medusa(3)):
+    out = speculative_generate(params, cfg, PROMPTS, drafter, SpecConfig(k=3, max_new_tokens=NEW),
+                               drafter_params=random_params(drafter, cfg),
+                               mesh=MeshConfig(data=4, tensor=2))
+    assert out.tokens == tiny_reference, drafter
 
 
 def test_bad_hydra_input(tiny):
