@@ -97,8 +97,10 @@ def read_stream(path: str | pathlib.Path) -> list[dict]:
 
 
 def curve(values, width: int = 40) -> str:
-  """A one-line bar chart of values in [0, 1] (the latest `width`)."""
-  return "".join(BARS[int(np.clip(v, 0, 1) * (len(BARS) - 1) + 0.5)] for v in values[-width:])
+  """A one-line bar chart of the latest `width` values >= 0, the tallest bar at their max."""
+  values = np.asarray(values[-width:], float)
+  top = max(values.max(initial=0.0), 1e-9)
+  return "".join(BARS[int(np.clip(v / top, 0, 1) * (len(BARS) - 1) + 0.5)] for v in values)
 
 
 def stream_rows(model, items, drafter, dparams, spec: SpecConfig, batch_size: int,
@@ -129,7 +131,7 @@ def _line(label: str, rows, report: BatchReport, elapsed: float) -> str:
   acc = [r["acceptance"] for r in rows if np.isfinite(r["acceptance"])]
   text = (f"{label}batch {rows[-1]['batch']:3d} {rows[-1]['phase'][:8]:8s} acceptance "
           f"{report.acceptance:.3f} tau {report.tau:.2f} {rows[-1]['tokens_per_s']:6.1f} tok/s "
-          f"|{curve(acc)}| {elapsed:.0f}s")
+          f"|{curve(acc)}| (top {max(acc, default=0.0):.3f}) {elapsed:.0f}s")
   if report.update is not None:
     u = report.update
     text += (f"\n  round {u['round']}: loss {u['loss']:.3f}, held-out acceptance "

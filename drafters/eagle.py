@@ -133,8 +133,7 @@ class Eagle:
     b = logits.shape[0]
     greedy = sampling.greedy
 
-    def body(c):
-      s, tokens, q, feature, logits, cache, p_kept, length = c
+    def draw(s, tokens, q, logits, feature, p_kept, length):  # draft s from `feature`'s logits
       tok = sample(jax.random.fold_in(key, s), logits, sampling)  # [b]
       tokens = tokens.at[:, s].set(tok)
       if not greedy:
@@ -143,18 +142,26 @@ class Eagle:
         p_kept = p_kept * jax.nn.sigmoid(_accept_logit(params, feature))
         stop = (1 - p_kept > self.stop_threshold) & (length == k)
         length = jnp.where(stop, s + 1, length)
+      return tokens, q, p_kept, length, tok
+
+    def body(c):  # feeds draft s - 1, draws draft s: no layer step after the last draft
+      s, tokens, q, feature, cache, p_kept, length, tok = c
       a, cache = _step(params, view.params, config, feature[:, None], tok[:, None],
-                       (root + s)[:, None], cache, jnp.ones((b, 1, 1), bool))
-      return (s + 1, tokens, q, a[:, 0], llama.lm_head(view.params, config, a[:, 0]), cache,
-              p_kept, length)
+                       (root + s - 1)[:, None], cache, jnp.ones((b, 1, 1), bool))
+      feature = a[:, 0]
+      logits = llama.lm_head(view.params, config, feature)
+      tokens, q, p_kept, length, tok = draw(s, tokens, q, logits, feature, p_kept, length)
+      return s + 1, tokens, q, feature, cache, p_kept, length, tok
 
     def cond(c):
-      return (c[0] < k) & jnp.any(c[-1] == k)
+      return (c[0] < k) & jnp.any(c[-2] == k)
 
     q0 = None if greedy else jnp.zeros((b, k, logits.shape[-1]), jnp.float32)
-    init = (jnp.zeros((), jnp.int32), jnp.zeros((b, k), jnp.int32), q0, state.feature, logits,
-            state.cache, jnp.ones((b,), jnp.float32), jnp.full((b,), k, jnp.int32))
-    _, tokens, q, *_, length = jax.lax.while_loop(cond, body, init)
+    tokens, q, p_kept, length, tok = draw(0, jnp.zeros((b, k), jnp.int32), q0, logits,
+                                          state.feature, jnp.ones((b,), jnp.float32),
+                                          jnp.full((b,), k, jnp.int32))
+    init = (jnp.ones((), jnp.int32), tokens, q, state.feature, state.cache, p_kept, length, tok)
+    _, tokens, q, *_, length, _ = jax.lax.while_loop(cond, body, init)
     return Draft(tokens, q, length=None if self.stop_threshold is None else length), state, view
 
   def _tree(self, params, state: EagleState, view, key, config, sampling, logits) -> Draft:
