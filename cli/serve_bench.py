@@ -135,7 +135,7 @@ def _line(label: str, rows, report: BatchReport, elapsed: float) -> str:
   if report.update is not None:
     u = report.update
     text += (f"\n  round {u['round']}: loss {u['loss']:.3f}, held-out acceptance "
-             f"{u['heldout_before']:.3f} -> {u['heldout_after']:.3f}"
+             f"{u['heldout_before']:.3f} -> {u['heldout_after']:.3f} ({u['seconds']:.1f} s)"
              + (" ROLLED BACK" if u["rolled_back"] else ""))
   for error in rows[-1]["errors"]:
     text += f"\n  {error}"

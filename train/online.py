@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -132,6 +133,7 @@ class OnlineLearner:
 
   def update(self) -> dict[str, float]:
     """One round: `steps` distillation updates, kept only if held-out acceptance holds up."""
+    t0 = time.perf_counter()
     rng = np.random.default_rng((self.online.seed, self.rounds))
     before = self.heldout_acceptance()
     backup = jax.tree.map(jnp.copy, self.state)  # train_step donates the state it is given
@@ -154,7 +156,7 @@ class OnlineLearner:
             "heldout_before": np.nan if before is None else before,
             "heldout_after": np.nan if after is None else after,
             "rolled_back": float(rolled_back), "buffer_rows": self.buffer.size,
-            "buffer_positions": self.buffer.positions}
+            "buffer_positions": self.buffer.positions, "seconds": time.perf_counter() - t0}
 
   def save(self) -> None:
     if self.checkpointer is not None:
