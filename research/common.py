@@ -65,7 +65,8 @@ def hf_model():
 def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int = 1,
                 hot: bool = False):
   """Totals over the prompts decoded `batch` at a time: (tokens/s, tau, acceptance by depth,
-  compile s). drafter None = autoregressive. The first call compiles apart (warmup).
+  compile s). drafter None = autoregressive. Every batch compiles apart first (warmup; a no-op
+  when its shapes were compiled already): batches in another prompt-length bucket recompile.
 
   hot: each batch starts from the drafter state the previous one ended with (as params).
   """
@@ -73,10 +74,10 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
   for i in range(0, len(prompts) - batch + 1, batch):
     key, chunk = jax.random.key(i), prompts[i:i + batch]
     if drafter is None:
-      out = generate(model.params, model.config, chunk, spec, key, warmup=i == 0)
+      out = generate(model.params, model.config, chunk, spec, key, warmup=True)
     else:
       out = speculative_generate(model.params, model.config, chunk, drafter, spec,
-                                 drafter_params=dparams, key=key, warmup=i == 0)
+                                 drafter_params=dparams, key=key, warmup=True)
       if hot:
         dparams = out.drafter_state
       row_steps, step_tokens = row_steps + out.row_steps, step_tokens + out.step_tokens
