@@ -146,6 +146,10 @@ def main():
                          train_s=seconds, train_updates=updates, compile_s=compile_s))
         print(f"batch {batch} {temp} {name}: tau {tau:.2f}, {tok_s:.1f} tok/s, "
               f"x{tok_s / base:.2f}", flush=True)
+        # Written after every row: a run cut short keeps what it measured.
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(dict(machine=machine(), args=vars(args), rows=rows),
+                                      indent=1))
   print(f"\nSmolLM2-135M fp32, {args.new_tokens} new tokens (EOS off), HumanEval prompts 5.. "
         f"(chat): batch 1 = the first {args.batch1_prompts} one at a time, batch 8 = 8 at once "
         f"(batch sizes run: {args.batch_sizes}); "
@@ -158,8 +162,6 @@ def main():
               [[r["batch"], r["sampling"], r["method"], r["tau"], acc(r["acceptance"]),
                 r["tokens_per_s"], r["speedup"], r["speedup_per_tau"], r["params_m"],
                 f"{r['train_s']:.0f} ({r['train_updates']})"] for r in rows]))
-  RESULTS.parent.mkdir(parents=True, exist_ok=True)
-  RESULTS.write_text(json.dumps(dict(machine=machine(), args=vars(args), rows=rows), indent=1))
   plot_tau_speedup(rows, RESULTS.with_suffix(".png"), "SmolLM2-135M",
                    panels=tuple(dict.fromkeys(r["panel"] for r in rows)), key="panel")
   print(f"\nwrote {RESULTS} and {RESULTS.with_suffix('.png')}")
