@@ -1,4 +1,5 @@
 """Tests run on CPU with 8 fake devices so mesh code is exercised without accelerators."""
+import gc
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,3 +38,14 @@ def tiny_reference(tiny):
   cfg, params = tiny
   return [generate(params, cfg, [p], GenerateConfig(max_new_tokens=NEW)).tokens[0]
           for p in PROMPTS]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_compiled_code():
+  """Drops compiled executables after each test module. Every XLA:CPU executable keeps a few
+  memory maps alive; one process compiling the whole suite's thousands of programs came close
+  to the kernel's map limit (vm.max_map_count, 65530), where LLVM fails to map code and the
+  process dies with a segfault in a compile."""
+  yield
+  jax.clear_caches()
+  gc.collect()
