@@ -105,10 +105,10 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
       drafter_params = out.drafter_state
     update = None
     if learner is not None:
-      rec = out.drafter_state
+      rec = out.drafter_state  # one device-to-host copy per buffer, then rows on the host
+      ids, logprobs, recorded = (np.asarray(x) for x in (rec.ids, rec.logprobs, rec.recorded))
       for i, (prompt, new) in enumerate(zip(prompts, out.tokens)):
-        learner.observe(served_row(prompt, new, np.asarray(rec.ids[i]),
-                                   np.asarray(rec.logprobs[i]), np.asarray(rec.recorded[i])))
+        learner.observe(served_row(prompt, new, ids[i], logprobs[i], recorded[i]))
       if learner.due():
         update = learner.update()
     served = refused + [Served(i, t) for (i, _), t in zip(batch, out.tokens)]

@@ -126,7 +126,8 @@ class OnlineLearner:
     """Mean expected acceptance (1 - TV) over the held-out slice's recorded positions."""
     if not self.online.heldout_every or self.heldout.positions == 0:
       return None
-    batch = {k: jnp.asarray(v) for k, v in self.heldout.rows().items()}
+    # Every slot, filled or not (empty ones have mask 0): one shape, so one compile.
+    batch = {k: jnp.asarray(v) for k, v in self.heldout.arrays.items()}
     metrics = eval_metrics(self.params if params is None else params, self.config, self.cfg,
                            batch)
     return float(metrics["acceptance"])

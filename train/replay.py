@@ -75,7 +75,7 @@ class ReplayBuffer:
     return {name: a[rows] for name, a in self.arrays.items()}
 
   def rows(self) -> dict[str, np.ndarray]:
-    """Every row held (the held-out slice is read whole)."""
+    """Every row held."""
     return {name: a[:self.size] for name, a in self.arrays.items()}
 
   def state(self) -> dict[str, np.ndarray]:
