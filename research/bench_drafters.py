@@ -61,12 +61,15 @@ def _train(model, args) -> dict:
                             distill=HeadsConfig(drafter, batch_size=args.batch, optim=optim),
                             checkpoint_every=args.train_steps, log_every=10,
                             eval_every=args.train_steps)
+    # A rerun with more --train-steps resumes the checkpoint: the cost adds up across runs.
     cost = exp.folder / "train_seconds.json"
+    spent = json.loads(cost.read_text()) if cost.exists() else {"seconds": 0.0}
     t = time.perf_counter()
     result = run(exp, model=model)
-    if not cost.exists():
-      cost.write_text(json.dumps({"seconds": time.perf_counter() - t}))
-    seconds = json.loads(cost.read_text())["seconds"]
+    if result["steps"] != spent.get("steps"):  # it trained: add to earlier runs' time
+      spent = {"seconds": spent["seconds"] + time.perf_counter() - t, "steps": result["steps"]}
+      cost.write_text(json.dumps(spent))
+    seconds = spent["seconds"]
     print(f"trained {name}: held-out acceptance {result['heldout_acceptance_before']:.3f} -> "
           f"{result['heldout_acceptance_after']:.3f} in {seconds:.0f} s", flush=True)
     out[name] = (result["heads"], seconds, result["steps"])
@@ -146,6 +149,9 @@ def main():
                          train_s=seconds, train_updates=updates, compile_s=compile_s))
         print(f"batch {batch} {temp} {name}: tau {tau:.2f}, {tok_s:.1f} tok/s, "
               f"x{tok_s / base:.2f}", flush=True)
+        # Each row compiles its own loops; dropping them keeps a long run under the kernel's
+        # memory-map limit (an XLA:CPU executable holds ~3 maps; the last run died there).
+        jax.clear_caches()
         # Written after every row: a run cut short keeps what it measured.
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(dict(machine=machine(), args=vars(args), rows=rows),

@@ -44,7 +44,8 @@ def test_generate_chat_prompt_on_smollm2(capsys, drafter):
   assert "tokens/s" in out and "tau" in out
 
 
-@pytest.mark.parametrize("config", ["configs/distill_smollm2.py", "configs/medusa_smollm2.py"])
+@pytest.mark.parametrize("config", ["configs/distill_smollm2.py", "configs/medusa_smollm2.py",
+                                    "configs/hydra_smollm2.py"])
 def test_train_overrides_either_trainers_budget(config):
   from cli.train import load_experiment, overridden
   exp = load_experiment(config)
