@@ -13,9 +13,10 @@ continues autoregressively on the drafter's own features: the next entry reads (
   ("training-time test"): step s's entries read step s - 1's outputs and attend to the real
   entries before their rollout started plus their own rollout's entries, as at decode time.
 - EAGLE-2 dynamic trees: any decode.trees tree, grown level by level (drafters.tree_draft).
-- SpecDec++ (Huang et al. 2024) adaptive length: with `stop_threshold`, an acceptance head on
-  a_i predicts the chance each draft is kept; a chain stops once the predicted chance that some
-  draft so far is rejected passes the threshold. The verifier checks only those drafts, so
+- SpecDec++ (Huang et al. 2024) adaptive length: with `stop_threshold`, an acceptance head
+  predicts the chance each draft is kept: the draft's own confidence (its top probability,
+  EAGLE-2's acceptance proxy) corrected by a learned linear map of a_i; a chain stops once the
+  predicted chance that some draft so far is rejected passes the threshold. The verifier checks only those drafts, so
   output stays lossless whatever the head says.
 
 The drafter's cache holds the real entries 0 .. P - 1 (P the pending token's position: entry
@@ -102,12 +103,12 @@ class Eagle:
     """A residual identity to start from, as zero Medusa heads: fc passes g through (the
     embedding half at zero) and the layer's output projections are zero, so an untrained
     drafter's first draft is the target's own next-token guess on g. The acceptance head starts
-    at sigmoid(2) ~ 0.88 for every draft."""
+    as the draft's confidence (a zero correction)."""
     d, n = config.d_model, len(self.feature_layers)
     layer = init_layer(config, jax.random.key(0) if key is None else key)
     params = {"fc": jnp.concatenate([jnp.eye(d), jnp.zeros((d, d))]),  # [2d, d]
               "layer": layer, "norm": jnp.ones((d,), jnp.float32),
-              "accept": {"w": jnp.zeros((d,), jnp.float32), "b": jnp.full((), 2.0, jnp.float32)}}
+              "accept": {"w": jnp.zeros((d,), jnp.float32), "b": jnp.zeros((), jnp.float32)}}
     if n > 1:
       params["fuse"] = jnp.tile(jnp.eye(d) / n, (n, 1))  # [l d, d]: the mean of the features
     return params
@@ -139,7 +140,7 @@ class Eagle:
       if not greedy:
         q = q.at[:, s].set(probs(logits, sampling))
       if self.stop_threshold is not None:  # SpecDec++: P(all drafts so far kept)
-        p_kept = p_kept * jax.nn.sigmoid(_accept_logit(params, feature))
+        p_kept = p_kept * jax.nn.sigmoid(_accept_logit(params, feature, logits))
         stop = (1 - p_kept > self.stop_threshold) & (length == k)
         length = jnp.where(stop, s + 1, length)
       return tokens, q, p_kept, length, tok
@@ -212,8 +213,9 @@ class Eagle:
       y, _ = run_layer(params["layer"], config, x, positions, mask=mask)
       a = llama.rms_norm(y[:, -t:], params["norm"], config.norm_eps)  # [b, t, d] step s
       shift = lambda z: jnp.concatenate([z[:, s - 1:], jnp.zeros_like(z[:, :s - 1])], 1)
-      logits.append(shift(llama.lm_head(frozen, config, a)))  # [b, t, v] by rollout start
-      accept.append(shift(_accept_logit(params, a)))  # [b, t]
+      z = llama.lm_head(frozen, config, a)  # [b, t, v]
+      logits.append(shift(z))  # by rollout start
+      accept.append(shift(_accept_logit(params, a, z)))  # [b, t]
       if s == 1 and len(self.feature_layers) == 1 and self.feature_weight:
         mask2 = batch["mask"][:, 1:] * batch["mask"][:, :-1]  # [b, t - 1]
         err = optax.huber_loss(a[:, :-1], f[0][:, 1:]).mean(-1)  # smooth L1 vs feature i + 1
@@ -261,9 +263,19 @@ def _fuse(params, f):
   return jnp.concatenate(list(f), -1).astype(jnp.float32) @ params["fuse"]
 
 
-def _accept_logit(params, a):
-  """SpecDec++ acceptance head: a [..., d] -> the logit that the draft a's logits give is kept."""
-  return a @ params["accept"]["w"] + params["accept"]["b"]
+def _accept_logit(params, a, logits):
+  """SpecDec++ acceptance head: the logit that the draft drawn from `logits` [..., v] (read off
+  the feature a [..., d]) is kept -> [...].
+
+  The draft's confidence logit(max q) plus a learned correction w.a + b. A head on a alone
+  starts uninformed and, trained at the drafter's learning rate, stays so for long: after 160
+  updates on SmolLM2 it predicted 0.50 for drafts kept 0.20 of the time (correlation 0.06),
+  while the confidence alone said 0.25 (correlation 0.43). The head's loss does not reach the
+  drafter's logits (stop_gradient): it learns to judge the drafts, not to change them.
+  """
+  conf = jnp.max(jax.nn.softmax(jax.lax.stop_gradient(logits).astype(jnp.float32), -1), -1)
+  prior = jax.scipy.special.logit(jnp.clip(conf, 1e-6, 1 - 1e-6))  # finite at conf 1
+  return prior + a @ params["accept"]["w"] + params["accept"]["b"]
 
 
 def _flat(shapes) -> str:

@@ -128,11 +128,25 @@ def test_adaptive_length_stops_early(tiny):
   cfg, params = tiny
   drafter = MODES["adaptive"]
   dparams = _params(cfg, params, drafter)
-  dparams["accept"] = {"w": jnp.zeros((cfg.d_model,)), "b": jnp.asarray(0.0)}  # P(kept) 1/2
+  dparams["accept"] = {"w": jnp.zeros((cfg.d_model,)), "b": jnp.asarray(-30.0)}  # P(kept) ~ 0
   out = speculative_generate(params, cfg, PROMPTS[:2], drafter, SpecConfig(k=4, max_new_tokens=NEW),
                              drafter_params=dparams)
-  # 1 - 1/2 = 0.5 is not > 0.5, 1 - 1/4 is: two drafts per step, never a third.
-  assert out.accepted_at[2:].sum() == 0 and out.accepted_at[0] > 0
+  # 1 - P(kept) > 0.5 after the first draft: one draft per step, never a second.
+  assert out.accepted_at[1:].sum() == 0 and out.accepted_at[0] > 0
+
+
+def test_untrained_acceptance_head_is_the_drafts_confidence(tiny):
+  """Before training, the acceptance head predicts each draft's top probability (EAGLE-2's
+  proxy), finite even where the drafter is certain."""
+  from drafters.eagle import _accept_logit
+  cfg, _ = tiny
+  p = Eagle().init_params(cfg)
+  a = jax.random.normal(jax.random.key(0), (3, cfg.d_model))
+  logits = jax.random.normal(jax.random.key(1), (3, cfg.vocab_size)) * jnp.array([[0.], [2.], [9.]])
+  np.testing.assert_allclose(jax.nn.sigmoid(_accept_logit(p, a, logits)),
+                             jax.nn.softmax(logits).max(-1), rtol=1e-5)
+  certain = jnp.zeros((1, cfg.vocab_size)).at[0, 0].set(1e4)
+  assert np.isfinite(_accept_logit(p, a[:1], certain)).all()
 
 
 def test_bad_eagle_input(tiny):
