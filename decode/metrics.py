@@ -18,6 +18,7 @@ class DecodeOutput:
   row_steps: int = 0  # verify steps summed over the sequences still active in them
   step_tokens: int = 0  # tokens those steps emitted (accepted drafts + one target token each)
   accepted_at: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))  # [k]
+  drafted: int = 0  # draft tokens the target checked (k per step, fewer with adaptive length)
   drafter_state: Any = None  # the drafter's final state (e.g. a Token Recycling matrix to reuse)
 
   @property
@@ -42,9 +43,15 @@ class DecodeOutput:
     """[k] fraction of steps whose draft token at position i was accepted."""
     return self.accepted_at / max(self.row_steps, 1)
 
+  @property
+  def draft_length(self) -> float:
+    """Mean draft tokens the target checked per step per sequence (tree nodes for a tree)."""
+    return self.drafted / self.row_steps if self.row_steps else 0.0
+
   def summary(self) -> str:
     acc = " ".join(f"{a:.2f}" for a in self.acceptance)
     return (f"{self.new_tokens} new tokens in {self.wall_s:.2f} s: {self.tokens_per_s:.1f} tokens/s "
             f"(prefill {self.prefill_s:.2f} s, decode {self.decode_s:.2f} s; compile "
             f"{self.compile_s:.1f} s not counted); {self.forwards} target forwards, "
-            f"tau {self.tau:.2f}" + (f", acceptance by position [{acc}]" if acc else ""))
+            f"tau {self.tau:.2f}" + (f", acceptance by position [{acc}], "
+                                     f"{self.draft_length:.2f} drafts checked per step" if acc else ""))

@@ -58,6 +58,7 @@ class SpecState:
   row_steps: jax.Array  # [] int32 verify steps summed over active sequences
   step_tokens: jax.Array  # [] int32 tokens those steps emitted
   accepted_at: jax.Array  # [k] int32 active sequences whose draft i was accepted
+  drafted: jax.Array  # [] int32 draft tokens the target checked, summed over active sequences
 
 
 def block_shape(drafter: Drafter, spec: SpecConfig) -> tuple[int, int]:
@@ -136,6 +137,7 @@ def spec_step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
   last = s.history[rows, s.lengths - 1]
   verified, out, cache = _verify(params, config, spec, drafter, draft, view, last, k_verify)
   n_acc, width = verified.n_accepted, out.shape[1]  # width: depth + 1
+  checked = draft.tokens.shape[1] if draft.length is None else draft.length  # [] or [b]
   active = ~s.done
   n_emit, hit_eos = _stop(out, n_acc + 1, s.n_out, spec.max_new_tokens, spec.eos_ids)
   n_emit = jnp.where(active, n_emit, 0)
@@ -152,7 +154,8 @@ def spec_step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
       done=s.done | (active & hit_eos) | (n_out >= spec.max_new_tokens),
       forwards=s.forwards + 1, row_steps=s.row_steps + active.sum(),
       step_tokens=s.step_tokens + jnp.where(active, n_acc + 1, 0).sum(),
-      accepted_at=s.accepted_at + accepted.sum(0))
+      accepted_at=s.accepted_at + accepted.sum(0),
+      drafted=s.drafted + jnp.where(active, checked, 0).sum())
 
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "drafter"), donate_argnames=("state",))
@@ -182,7 +185,8 @@ def _start(params, dparams, config, spec, drafter, max_len, tokens, lengths, log
       drafter=drafter.init(dparams, view, config, max_len), key=key,
       forwards=jnp.ones((), jnp.int32), row_steps=jnp.zeros((), jnp.int32),
       step_tokens=jnp.zeros((), jnp.int32),
-      accepted_at=jnp.zeros((block_shape(drafter, spec)[1],), jnp.int32))
+      accepted_at=jnp.zeros((block_shape(drafter, spec)[1],), jnp.int32),
+      drafted=jnp.zeros((), jnp.int32))
 
 
 def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
@@ -230,4 +234,5 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   return DecodeOutput(tokens=out, prefill_s=t1 - t0, decode_s=t2 - t1, compile_s=compile_s,
                       forwards=int(state.forwards), row_steps=int(state.row_steps),
                       step_tokens=int(state.step_tokens),
-                      accepted_at=np.asarray(state.accepted_at), drafter_state=state.drafter)
+                      accepted_at=np.asarray(state.accepted_at), drafted=int(state.drafted),
+                      drafter_state=state.drafter)

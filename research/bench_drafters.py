@@ -7,7 +7,8 @@ the same small budget each: `--train-steps` updates of `--batch` rows of `--seq-
 `runs/bench_drafters/<name>` keeps them, so a rerun only decodes). Then every method decodes
 held-out HumanEval prompts (those after the first 4, which calibrate nothing here but keep the
 prompts apart from the other benches' calibration), greedy and at temperature 1, at batch 1 and
-batch 8, exactly N new tokens (EOS off). Reports tau, acceptance by position, tokens/s, speedup
+batch 8, exactly N new tokens (EOS off). Reports tau, acceptance by position, draft tokens the
+target checked per step (adaptive length drafts fewer than k), tokens/s, speedup
 over our autoregressive decoding at the same batch and temperature, speedup/tau, the drafter's
 parameter count and its training cost. Writes results/bench_drafters.json and .png.
 
@@ -140,11 +141,12 @@ def main():
       base = None
       for name, (drafter, dparams, k, size, seconds, updates) in methods.items():
         spec = SpecConfig(k=k, max_new_tokens=args.new_tokens, sampling=sampling)
-        tok_s, tau, acceptance, compile_s = run_prompts(model, chunk, drafter, dparams, spec,
-                                                        batch, hot=name == "token-recycling")
+        tok_s, tau, acceptance, drafts, compile_s = run_prompts(
+            model, chunk, drafter, dparams, spec, batch, hot=name == "token-recycling")
         base = base or tok_s
         rows.append(dict(method=name, batch=batch, sampling=temp, panel=f"batch {batch}, {temp}",
-                         tau=tau, acceptance=acceptance, tokens_per_s=tok_s, speedup=tok_s / base,
+                         tau=tau, acceptance=acceptance, drafts_per_step=drafts,
+                         tokens_per_s=tok_s, speedup=tok_s / base,
                          speedup_per_tau=tok_s / base / tau, params_m=size / 1e6,
                          train_s=seconds, train_updates=updates, compile_s=compile_s))
         print(f"batch {batch} {temp} {name}: tau {tau:.2f}, {tok_s:.1f} tok/s, "
@@ -163,11 +165,11 @@ def main():
         f"{args.seq_len} tokens (fkl, lr {args.lr}); adaptive stop threshold "
         f"{args.stop_threshold}; {machine()}\n")
   acc = lambda a: " ".join(f"{x:.2f}" for x in a) or "-"
-  print(table(["batch", "sampling", "method", "tau", "acceptance by position", "tok/s", "x AR",
-               "speedup/tau", "params (M)", "training s (updates)"],
+  print(table(["batch", "sampling", "method", "tau", "acceptance by position", "drafts/step",
+               "tok/s", "x AR", "speedup/tau", "params (M)", "training s (updates)"],
               [[r["batch"], r["sampling"], r["method"], r["tau"], acc(r["acceptance"]),
-                r["tokens_per_s"], r["speedup"], r["speedup_per_tau"], r["params_m"],
-                f"{r['train_s']:.0f} ({r['train_updates']})"] for r in rows]))
+                r["drafts_per_step"], r["tokens_per_s"], r["speedup"], r["speedup_per_tau"],
+                r["params_m"], f"{r['train_s']:.0f} ({r['train_updates']})"] for r in rows]))
   plot_tau_speedup(rows, RESULTS.with_suffix(".png"), "SmolLM2-135M",
                    panels=tuple(dict.fromkeys(r["panel"] for r in rows)), key="panel")
   print(f"\nwrote {RESULTS} and {RESULTS.with_suffix('.png')}")

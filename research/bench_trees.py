@@ -75,7 +75,7 @@ def main():
   for temp, sampling in (("greedy", SamplingConfig()), ("t=1", SamplingConfig(temperature=1.0))):
     base = None
     for name, (drafter, dparams, memory) in methods.items():
-      tok_s, tau, acceptance, compile_s = run_prompts(model, prompts, drafter, dparams, SpecConfig(
+      tok_s, tau, acceptance, _, compile_s = run_prompts(model, prompts, drafter, dparams, SpecConfig(
           k=args.k, max_new_tokens=args.new_tokens, sampling=sampling), hot=name.endswith(" hot"))
       base = base or tok_s
       rows.append(dict(method=name, sampling=temp, tau=tau, acceptance=acceptance,

@@ -65,12 +65,13 @@ def hf_model():
 def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int = 1,
                 hot: bool = False):
   """Totals over the prompts decoded `batch` at a time: (tokens/s, tau, acceptance by depth,
-  compile s). drafter None = autoregressive. Every batch compiles apart first (warmup; a no-op
-  when its shapes were compiled already): batches in another prompt-length bucket recompile.
+  mean draft tokens checked per step, compile s). drafter None = autoregressive. Every batch
+  compiles apart first (warmup; a no-op when its shapes were compiled already): batches in
+  another prompt-length bucket recompile.
 
   hot: each batch starts from the drafter state the previous one ended with (as params).
   """
-  wall = tokens = row_steps = step_tokens = compile_s = accepted = 0
+  wall = tokens = row_steps = step_tokens = compile_s = accepted = drafted = 0
   for i in range(0, len(prompts) - batch + 1, batch):
     key, chunk = jax.random.key(i), prompts[i:i + batch]
     if drafter is None:
@@ -81,11 +82,11 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
       if hot:
         dparams = out.drafter_state
       row_steps, step_tokens = row_steps + out.row_steps, step_tokens + out.step_tokens
-      accepted = accepted + out.accepted_at
+      accepted, drafted = accepted + out.accepted_at, drafted + out.drafted
     wall, tokens, compile_s = wall + out.wall_s, tokens + out.new_tokens, compile_s + out.compile_s
   tau = step_tokens / row_steps if row_steps else 1.0
   acceptance = (np.asarray(accepted) / max(row_steps, 1)).tolist() if row_steps else []
-  return tokens / wall, tau, acceptance, compile_s
+  return tokens / wall, tau, acceptance, drafted / max(row_steps, 1), compile_s
 
 
 def plot_tau_speedup(rows, path, title: str, panels=("greedy", "t=1"), key="sampling"):

@@ -132,7 +132,7 @@ def test_adaptive_length_stops_early(tiny):
   out = speculative_generate(params, cfg, PROMPTS[:2], drafter, SpecConfig(k=4, max_new_tokens=NEW),
                              drafter_params=dparams)
   # 1 - P(kept) > 0.5 after the first draft: one draft per step, never a second.
-  assert out.accepted_at[1:].sum() == 0 and out.accepted_at[0] > 0
+  assert out.accepted_at[1:].sum() == 0 and out.accepted_at[0] > 0 and out.draft_length == 1.0
 
 
 def test_untrained_acceptance_head_is_the_drafts_confidence(tiny):

@@ -51,7 +51,7 @@ def test_metrics_when_the_drafter_is_the_target(tiny):
   # first one take exactly 4 steps, so 1 prefill + 4 verify forwards.
   assert out.forwards == 5 and out.tau == 5.0
   np.testing.assert_array_equal(out.acceptance, np.ones(4))
-  assert out.new_tokens == 4 * 21
+  assert out.new_tokens == 4 * 21 and out.draft_length == 4.0
 
 
 def test_prompt_lookup_accepts_on_repetitive_text(tiny, tiny_reference):
