@@ -50,7 +50,8 @@ def _heads(n_layers: int) -> dict:
 
 
 def _train(model, args) -> dict:
-  """name -> (folder, training seconds, updates): trains what is not trained yet."""
+  """name -> (folder, training seconds, updates, held-out metrics after training): trains what
+  is not trained yet."""
   data = DataConfig(files=args.files, seq_len=args.seq_len, rows=args.rows, heldout_rows=16,
                     top_k=32)
   optim = OptimConfig(learning_rate=args.lr, warmup_steps=max(args.train_steps // 10, 1),
@@ -73,8 +74,21 @@ def _train(model, args) -> dict:
     seconds = spent["seconds"]
     print(f"trained {name}: held-out acceptance {result['heldout_acceptance_before']:.3f} -> "
           f"{result['heldout_acceptance_after']:.3f} in {seconds:.0f} s", flush=True)
-    out[name] = (result["heads"], seconds, result["steps"])
+    out[name] = (result["heads"], seconds, result["steps"], result["heldout_after"])
   return out
+
+
+def _heldout(trained) -> dict:
+  """name -> training cost and held-out metrics; prints held-out 1 - TV (top-1 agreement) per
+  draft depth."""
+  heldout = {name: dict(train_s=t[1], train_updates=t[2], **t[3]) for name, t in trained.items()}
+  depths = max(int(k.split("depth")[1]) for m in heldout.values() for k in m if "depth" in k)
+  print(table(["drafter", "training s (updates)"] + [f"depth {j}" for j in range(1, depths + 1)],
+              [[name, f"{m['train_s']:.0f} ({m['train_updates']})"]
+               + [f"{m[f'acceptance/depth{j}']:.3f} ({m[f'top1/depth{j}']:.2f})"
+                  if f"acceptance/depth{j}" in m else "-" for j in range(1, depths + 1)]
+               for name, m in heldout.items()]))
+  return heldout
 
 
 def _methods(model, trained, args):
@@ -91,17 +105,17 @@ def _methods(model, trained, args):
   load_ = lambda name, tree=None: load_head_drafter(trained[name][0], cfg, tree)
   for name in ("medusa", "hydra", "hydra++", "eagle"):
     d, p = load_(name)
-    methods[f"{name} k={args.k}"] = (d, p, args.k, *trained[name][1:])
+    methods[f"{name} k={args.k}"] = (d, p, args.k, *trained[name][1:3])
   d, p = load_("eagle", TREE)
-  methods["eagle-2 dynamic tree"] = (d, p, args.k, *trained["eagle"][1:])
+  methods["eagle-2 dynamic tree"] = (d, p, args.k, *trained["eagle"][1:3])
   for k in args.eagle3_k:
     d, p = load_("eagle3")
-    methods[f"eagle3 k={k}"] = (d, p, k, *trained["eagle3"][1:])
+    methods[f"eagle3 k={k}"] = (d, p, k, *trained["eagle3"][1:3])
   for name in ("eagle", "eagle3"):
     d, p = load_(name)
     methods[f"{name} adaptive (k<={args.max_k})"] = (
         dataclasses.replace(d, stop_threshold=args.stop_threshold), p, args.max_k,
-        *trained[name][1:])
+        *trained[name][1:3])
   return {name: (*m[:3], n_params(m[1]), *m[3:]) for name, m in methods.items()}
 
 
@@ -134,6 +148,7 @@ def main():
   prompts = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(4 + args.prompts)[4:]]
   trained = _train(model, args)
   methods = _methods(model, trained, args)
+  heldout = _heldout(trained)
   rows = []
   for batch in args.batch_sizes:
     chunk = prompts[:args.batch1_prompts] if batch == 1 else prompts[:batch]
@@ -156,8 +171,8 @@ def main():
         jax.clear_caches()
         # Written after every row: a run cut short keeps what it measured.
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(dict(machine=machine(), args=vars(args), rows=rows),
-                                      indent=1))
+        RESULTS.write_text(json.dumps(dict(machine=machine(), args=vars(args), heldout=heldout,
+                                           rows=rows), indent=1))
   print(f"\nSmolLM2-135M fp32, {args.new_tokens} new tokens (EOS off), HumanEval prompts 5.. "
         f"(chat): batch 1 = the first {args.batch1_prompts} one at a time, batch 8 = 8 at once "
         f"(batch sizes run: {args.batch_sizes}); "
