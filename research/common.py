@@ -94,8 +94,13 @@ def plot_tau_speedup(rows, path, title: str, panels=("greedy", "t=1"), key="samp
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), sharey=True)
-  for ax, panel in zip(np.atleast_1d(axes), panels):
+  cols = min(len(panels), 2)  # two panels a row: four side by side leave the labels unreadable
+  n_rows = -(-len(panels) // cols)
+  fig, axes = plt.subplots(n_rows, cols, figsize=(7 * cols, 5 * n_rows), sharey=True,
+                           squeeze=False)
+  for ax in axes.flat[len(panels):]:
+    ax.set_visible(False)
+  for ax, panel in zip(axes.flat, panels):
     for r in (r for r in rows if r[key] == panel and r["method"] != "autoregressive"):
       ax.scatter(r["tau"], r["speedup"])
       ax.annotate(r["method"], (r["tau"], r["speedup"]), fontsize=7)
