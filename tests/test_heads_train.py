@@ -57,3 +57,12 @@ def test_bad_heads_config():
     HeadsConfig(Medusa(2), divergence="kl-ish")
   with pytest.raises(ValueError, match="must be a head drafter"):
     HeadsConfig("medusa")
+
+
+def test_more_heads_than_the_rows_allow(tiny):
+  cfg, params = tiny
+  heads = HeadsConfig(Medusa(4))
+  rows = _batch(cfg, params, jnp.ones((1, 4), jnp.int32))  # depth 4 has no teacher 4 tokens on
+  with pytest.raises(ValueError, match="training 4 draft depths needs rows longer than 4 tokens, "
+                                       "got 4"):
+    heads.objective(Medusa(4).init_params(cfg), cfg, rows, jax.random.key(0), params)
