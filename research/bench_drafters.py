@@ -13,6 +13,9 @@ over our autoregressive decoding at the same batch and temperature, speedup/tau,
 parameter count and its training cost. Writes results/bench_drafters.json and .png.
 
   .venv/bin/python -m research.bench_drafters [--train-steps 60] [--prompts 8] [--new-tokens 48]
+  # a subset, e.g. adaptive length against fixed k across stop thresholds:
+  .venv/bin/python -m research.bench_drafters --drafters eagle3 --eagle3-k 1,2,4 \
+      --stop-thresholds 0.3,0.5,0.7 --results results/bench_adaptive.json
 """
 from __future__ import annotations
 
@@ -40,6 +43,8 @@ from train.heads import HeadsConfig
 from train.optim import OptimConfig
 
 RESULTS = pathlib.Path("results/bench_drafters.json")
+DRAFTERS = ("prompt-lookup", "token-recycling", "layer-skip", "draft-model", "medusa", "hydra",
+            "hydra++", "eagle", "eagle3")  # --drafters picks among these (eagle: EAGLE and EAGLE-2)
 TREE = DynamicTree(width=4, depth=5, children=4)  # EAGLE-2's tree: 20 nodes
 
 
@@ -58,6 +63,8 @@ def _train(model, args) -> dict:
                       total_steps=args.train_steps)
   out = {}
   for name, drafter in _heads(model.config.n_layers).items():
+    if name not in args.drafters:
+      continue
     exp = DistillExperiment(name=name, data=data, out_dir=args.out_dir,
                             teacher_dir=f"{args.out_dir}/teacher",
                             distill=HeadsConfig(drafter, batch_size=args.batch, optim=optim),
@@ -82,7 +89,8 @@ def _heldout(trained) -> dict:
   """name -> training cost and held-out metrics; prints held-out 1 - TV (top-1 agreement) per
   draft depth."""
   heldout = {name: dict(train_s=t[1], train_updates=t[2], **t[3]) for name, t in trained.items()}
-  depths = max(int(k.split("depth")[1]) for m in heldout.values() for k in m if "depth" in k)
+  depths = max((int(k.split("depth")[1]) for m in heldout.values() for k in m if "depth" in k),
+               default=0)
   print(table(["drafter", "training s (updates)"] + [f"depth {j}" for j in range(1, depths + 1)],
               [[name, f"{m['train_s']:.0f} ({m['train_updates']})"]
                + [f"{m[f'acceptance/depth{j}']:.3f} ({m[f'top1/depth{j}']:.2f})"
@@ -95,27 +103,27 @@ def _methods(model, trained, args):
   """name -> (drafter, params, k, training s, updates); None drafter = autoregressive."""
   cfg, params = model.config, model.params
   n_params = lambda p: sum(x.size for x in jax.tree.leaves(p)) if p is not None else 0
+  want = args.drafters
   methods = {"autoregressive": (None, None, args.k, 0, 0)}
-  for name in ("prompt-lookup", "token-recycling"):
+  for name in {"prompt-lookup", "token-recycling"} & set(want):
     methods[name] = (*registry.make(name, params, cfg), args.k, 0, 0)
-  methods["layer-skip"] = (registry.make("layer-skip", params, cfg, skip=(14,))[0], None, args.k,
-                           0, 0)
-  dm, dp = registry.make("draft-model", params, cfg, draft_layers=4)
-  methods["draft-model (4-layer cut, untrained)"] = (dm, dp, args.k, 0, 0)
+  if "layer-skip" in want:
+    methods["layer-skip"] = (registry.make("layer-skip", params, cfg, skip=(14,))[0], None,
+                             args.k, 0, 0)
+  if "draft-model" in want:
+    dm, dp = registry.make("draft-model", params, cfg, draft_layers=4)
+    methods["draft-model (4-layer cut, untrained)"] = (dm, dp, args.k, 0, 0)
   load_ = lambda name, tree=None: load_head_drafter(trained[name][0], cfg, tree)
-  for name in ("medusa", "hydra", "hydra++", "eagle"):
-    d, p = load_(name)
-    methods[f"{name} k={args.k}"] = (d, p, args.k, *trained[name][1:3])
-  d, p = load_("eagle", TREE)
-  methods["eagle-2 dynamic tree"] = (d, p, args.k, *trained["eagle"][1:3])
-  for k in args.eagle3_k:
-    d, p = load_("eagle3")
-    methods[f"eagle3 k={k}"] = (d, p, k, *trained["eagle3"][1:3])
-  for name in ("eagle", "eagle3"):
-    d, p = load_(name)
-    methods[f"{name} adaptive (k<={args.max_k})"] = (
-        dataclasses.replace(d, stop_threshold=args.stop_threshold), p, args.max_k,
-        *trained[name][1:3])
+  for name in trained:
+    for k in args.eagle3_k if name == "eagle3" else (args.k,):
+      methods[f"{name} k={k}"] = (*load_(name), k, *trained[name][1:3])
+    if name == "eagle":
+      methods["eagle-2 dynamic tree"] = (*load_(name, TREE), args.k, *trained[name][1:3])
+    if name.startswith("eagle"):
+      d, p = load_(name)
+      for t in args.stop_thresholds:
+        methods[f"{name} adaptive (p>{t}, k<={args.max_k})"] = (
+            dataclasses.replace(d, stop_threshold=t), p, args.max_k, *trained[name][1:3])
   return {name: (*m[:3], n_params(m[1]), *m[3:]) for name, m in methods.items()}
 
 
@@ -130,8 +138,11 @@ def main():
   ap.add_argument("-k", type=int, default=4, help="chain length (Medusa/Hydra have 4 heads)")
   ap.add_argument("--eagle3-k", default="2,4,6", help="fixed chain lengths for EAGLE-3")
   ap.add_argument("--max-k", type=int, default=8, help="adaptive length: most drafts per step")
-  ap.add_argument("--stop-threshold", type=float, default=0.5,
-                  help="adaptive length: stop once P(some draft rejected) passes this")
+  ap.add_argument("--stop-thresholds", default="0.5",
+                  help="adaptive length: stop once P(some draft rejected) passes this (a row each)")
+  ap.add_argument("--drafters", default=",".join(DRAFTERS),
+                  help=f"which to run, from {','.join(DRAFTERS)} (autoregressive always runs)")
+  ap.add_argument("--results", default=str(RESULTS), help="JSON to write (and a .png beside it)")
   ap.add_argument("--train-steps", type=int, default=60)
   ap.add_argument("--batch", type=int, default=4, help="training rows per update")
   ap.add_argument("--seq-len", type=int, default=128)
@@ -142,6 +153,11 @@ def main():
   args = ap.parse_args()
   args.eagle3_k = tuple(int(x) for x in args.eagle3_k.split(","))
   args.batch_sizes = tuple(int(x) for x in args.batch_sizes.split(","))
+  args.stop_thresholds = tuple(float(x) for x in args.stop_thresholds.split(","))
+  args.drafters = tuple(args.drafters.split(","))
+  if unknown := set(args.drafters) - set(DRAFTERS):
+    ap.error(f"unknown --drafters {sorted(unknown)}; known: {', '.join(DRAFTERS)}")
+  results = pathlib.Path(args.results)
 
   model = load("smollm2-135m")
   tok = model.tokenizer
@@ -170,24 +186,24 @@ def main():
         # memory-map limit (an XLA:CPU executable holds ~3 maps; the last run died there).
         jax.clear_caches()
         # Written after every row: a run cut short keeps what it measured.
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(dict(machine=machine(), args=vars(args), heldout=heldout,
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.write_text(json.dumps(dict(machine=machine(), args=vars(args), heldout=heldout,
                                            rows=rows), indent=1))
   print(f"\nSmolLM2-135M fp32, {args.new_tokens} new tokens (EOS off), HumanEval prompts 5.. "
         f"(chat): batch 1 = the first {args.batch1_prompts} one at a time, batch 8 = 8 at once "
         f"(batch sizes run: {args.batch_sizes}); "
         f"chains k={args.k}; heads trained {args.train_steps} updates x {args.batch} rows x "
-        f"{args.seq_len} tokens (fkl, lr {args.lr}); adaptive stop threshold "
-        f"{args.stop_threshold}; {machine()}\n")
+        f"{args.seq_len} tokens (fkl, lr {args.lr}); adaptive stop thresholds "
+        f"{args.stop_thresholds}; {machine()}\n")
   acc = lambda a: " ".join(f"{x:.2f}" for x in a) or "-"
   print(table(["batch", "sampling", "method", "tau", "acceptance by position", "drafts/step",
                "tok/s", "x AR", "speedup/tau", "params (M)", "training s (updates)"],
               [[r["batch"], r["sampling"], r["method"], r["tau"], acc(r["acceptance"]),
                 r["drafts_per_step"], r["tokens_per_s"], r["speedup"], r["speedup_per_tau"],
                 r["params_m"], f"{r['train_s']:.0f} ({r['train_updates']})"] for r in rows]))
-  plot_tau_speedup(rows, RESULTS.with_suffix(".png"), "SmolLM2-135M",
+  plot_tau_speedup(rows, results.with_suffix(".png"), "SmolLM2-135M",
                    panels=tuple(dict.fromkeys(r["panel"] for r in rows)), key="panel")
-  print(f"\nwrote {RESULTS} and {RESULTS.with_suffix('.png')}")
+  print(f"\nwrote {results} and {results.with_suffix('.png')}")
 
 
 if __name__ == "__main__":
