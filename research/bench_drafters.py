@@ -105,7 +105,7 @@ def _methods(model, trained, args):
   n_params = lambda p: sum(x.size for x in jax.tree.leaves(p)) if p is not None else 0
   want = args.drafters
   methods = {"autoregressive": (None, None, args.k, 0, 0)}
-  for name in {"prompt-lookup", "token-recycling"} & set(want):
+  for name in (n for n in ("prompt-lookup", "token-recycling") if n in want):  # a fixed order
     methods[name] = (*registry.make(name, params, cfg), args.k, 0, 0)
   if "layer-skip" in want:
     methods["layer-skip"] = (registry.make("layer-skip", params, cfg, skip=(14,))[0], None,
