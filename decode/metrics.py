@@ -53,5 +53,5 @@ class DecodeOutput:
     return (f"{self.new_tokens} new tokens in {self.wall_s:.2f} s: {self.tokens_per_s:.1f} tokens/s "
             f"(prefill {self.prefill_s:.2f} s, decode {self.decode_s:.2f} s; compile "
             f"{self.compile_s:.1f} s not counted); {self.forwards} target forwards, "
-            f"tau {self.tau:.2f}" + (f", acceptance by position [{acc}], "
-                                     f"{self.draft_length:.2f} drafts checked per step" if acc else ""))
+            f"tau {self.tau:.2f}" + (f", acceptance by position [{acc}], {self.draft_length:.2f} "
+                                     "drafts checked per step" if acc else ""))

@@ -105,25 +105,26 @@ def _methods(model, trained, args):
   n_params = lambda p: sum(x.size for x in jax.tree.leaves(p)) if p is not None else 0
   want = args.drafters
   methods = {"autoregressive": (None, None, args.k, 0, 0)}
-  for name in (n for n in ("prompt-lookup", "token-recycling") if n in want):  # a fixed order
-    methods[name] = (*registry.make(name, params, cfg), args.k, 0, 0)
+  for name in ("prompt-lookup", "token-recycling"):
+    if name in want:
+      methods[name] = (*registry.make(name, params, cfg), args.k, 0, 0)
   if "layer-skip" in want:
     methods["layer-skip"] = (registry.make("layer-skip", params, cfg, skip=(14,))[0], None,
                              args.k, 0, 0)
   if "draft-model" in want:
     dm, dp = registry.make("draft-model", params, cfg, draft_layers=4)
     methods["draft-model (4-layer cut, untrained)"] = (dm, dp, args.k, 0, 0)
-  load_ = lambda name, tree=None: load_head_drafter(trained[name][0], cfg, tree)
-  for name in trained:
+  for name, (folder, seconds, updates, _) in trained.items():
+    d, p = load_head_drafter(folder, cfg)  # one load serves every k and threshold
     for k in args.eagle3_k if name == "eagle3" else (args.k,):
-      methods[f"{name} k={k}"] = (*load_(name), k, *trained[name][1:3])
+      methods[f"{name} k={k}"] = (d, p, k, seconds, updates)
     if name == "eagle":
-      methods["eagle-2 dynamic tree"] = (*load_(name, TREE), args.k, *trained[name][1:3])
+      methods["eagle-2 dynamic tree"] = (*load_head_drafter(folder, cfg, TREE), args.k, seconds,
+                                         updates)
     if name.startswith("eagle"):
-      d, p = load_(name)
       for t in args.stop_thresholds:
         methods[f"{name} adaptive (p>{t}, k<={args.max_k})"] = (
-            dataclasses.replace(d, stop_threshold=t), p, args.max_k, *trained[name][1:3])
+            dataclasses.replace(d, stop_threshold=t), p, args.max_k, seconds, updates)
   return {name: (*m[:3], n_params(m[1]), *m[3:]) for name, m in methods.items()}
 
 
