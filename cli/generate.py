@@ -7,6 +7,7 @@ import time
 
 import jax
 
+from cli.args import count
 from configs.meshes import MeshConfig
 from decode.generate import GenerateConfig, generate
 from decode.sampling import SamplingConfig
@@ -28,18 +29,20 @@ def add_parser(sub) -> None:
                       "(config.json + safetensors + tokenizer.json)")
   p.add_argument("--prompt", action="append", default=[],
                  help="prompt text; repeat the flag for a batch of prompts")
-  p.add_argument("--humaneval", type=int, default=DEFAULT_HUMANEVAL,
+  p.add_argument("--humaneval", type=count(1), default=DEFAULT_HUMANEVAL,
                  help="number of HumanEval prompts to use when no --prompt is given")
   p.add_argument("--raw", action="store_true",
                  help="feed prompts as they are instead of wrapping them in the chat template")
-  p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt at most")
+  p.add_argument("--max-new-tokens", type=count(1), default=128,
+                 help="new tokens per prompt at most")
   p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy")
-  p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off")
+  p.add_argument("--top-k", type=count(0), default=0,
+                 help="keep the k most likely tokens; 0 = off")
   p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off")
-  p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
+  p.add_argument("--seed", type=count(0), default=0, help="random seed for sampling")
   p.add_argument("--drafter", default="none", choices=registry.NAMES,
                  help="speculative decoding drafter; none = plain autoregressive decoding")
-  p.add_argument("-k", type=int, default=5, help="draft tokens per verify step (chains)")
+  p.add_argument("-k", type=count(1), default=5, help="draft tokens per verify step (chains)")
   p.add_argument("--tree", default=None, metavar="SHAPE",
                  help="draft a token tree: 'full:3,2,1' (children per level) or "
                       "'dynamic:WIDTH,DEPTH,CHILDREN' (grown by draft probability); layer-skip, "
@@ -51,12 +54,12 @@ def add_parser(sub) -> None:
   p.add_argument("--draft-model", default=None,
                  help="draft-model: a preset, .gguf file or HF folder sharing the target's "
                       "vocabulary (default: the target's first --draft-layers layers, untrained)")
-  p.add_argument("--draft-layers", type=int, default=4,
+  p.add_argument("--draft-layers", type=count(1), default=4,
                  help="draft-model: layers of the target to cut the default draft model from")
   p.add_argument("--heads", default=None, metavar="FOLDER",
-                 help="medusa: the run folder of trained heads (drafter.json + drafter_params) "
-                      "that `speculax train --config configs/medusa_smollm2.py` writes; "
-                      "-k at most its number of heads")
+                 help=f"head drafters ({', '.join(registry.HEADS)}): the run folder (drafter.json "
+                      "+ drafter_params) that `speculax train --config "
+                      "configs/<drafter>_smollm2.py` writes; -k at most its number of heads")
   p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
                  help="run sharded on a device mesh of this shape, e.g. 4,1,2")
   p.set_defaults(run=run)
@@ -81,8 +84,6 @@ def run(args) -> int:
   if args.prompt and any(not p.strip() for p in args.prompt):
     raise ValueError("--prompt is empty")
   texts = args.prompt or humaneval_prompts(args.humaneval)
-  if not texts:
-    raise ValueError(f"--humaneval must be >= 1, got {args.humaneval}")
   t = time.perf_counter()
   model = load(args.model)
   print(f"loaded {args.model} in {time.perf_counter() - t:.1f} s "

@@ -1,15 +1,15 @@
 """The `speculax` command: one subcommand per module in cli/."""
 from __future__ import annotations
 
-import argparse
 import sys
 
 from cli import generate, serve_bench, train
+from cli.args import Parser, fail
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(
-      prog="speculax", description="Speculative decoding research framework in JAX.")
+  """Runs one subcommand; a user error (bad flag, value or file) exits 2 with one line."""
+  parser = Parser(prog="speculax", description="Speculative decoding research framework in JAX.")
   sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
   generate.add_parser(sub)
   train.add_parser(sub)
@@ -18,8 +18,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     return args.run(args)
   except (ValueError, FileNotFoundError) as e:
-    print(f"speculax {args.command}: error: {e}", file=sys.stderr)
-    return 2
+    return fail(args.command, e)
 
 
 if __name__ == "__main__":

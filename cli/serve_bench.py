@@ -16,12 +16,14 @@ import time
 import jax
 import numpy as np
 
+from cli.args import count
 from decode.sampling import SamplingConfig
 from decode.serve import BatchReport, serve
 from decode.speculative import SpecConfig
 from drafters import registry
 from train.losses import DIVERGENCES
 from train.online import OnlineConfig, OnlineLearner
+from train.replay import POLICIES
 
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -42,30 +44,31 @@ def add_parser(sub) -> None:
                       "carrying its matrix from batch to batch)")
   p.add_argument("--draft-model", default=None,
                  help="draft-model: preset, .gguf or HF folder (default: a cut of the target)")
-  p.add_argument("--draft-layers", type=int, default=4,
+  p.add_argument("--draft-layers", type=count(1), default=4,
                  help="draft-model: layers of the target the default cut keeps")
   p.add_argument("--heads", default=None, metavar="FOLDER", help="head drafters: trained folder")
-  p.add_argument("-k", type=int, default=4, help="draft tokens per verify step")
-  p.add_argument("--batch-size", type=int, default=4, help="requests decoded together")
-  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("-k", type=count(1), default=4, help="draft tokens per verify step")
+  p.add_argument("--batch-size", type=count(1), default=4, help="requests decoded together")
+  p.add_argument("--max-new-tokens", type=count(1), default=64)
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--limit", type=int, default=0, help="serve only the first N prompts (0 = all)")
+  p.add_argument("--seed", type=count(0), default=0)
+  p.add_argument("--limit", type=count(0), default=0,
+                 help="serve only the first N prompts (0 = all)")
   p.add_argument("--online", action="store_true", help="adapt the draft model while serving")
-  p.add_argument("--update-every", type=int, default=8, help="online: requests between rounds")
-  p.add_argument("--min-positions", type=int, default=32,
+  p.add_argument("--update-every", type=count(1), default=8, help="online: requests between rounds")
+  p.add_argument("--min-positions", type=count(1), default=32,
                  help="online: recorded positions the buffer needs before a round")
-  p.add_argument("--steps", type=int, default=8, help="online: optimizer updates per round")
-  p.add_argument("--train-batch", type=int, default=4, help="online: buffer rows per update")
+  p.add_argument("--steps", type=count(1), default=8, help="online: optimizer updates per round")
+  p.add_argument("--train-batch", type=count(1), default=4, help="online: buffer rows per update")
   p.add_argument("--lr", type=float, default=1e-3, help="online: constant learning rate")
   p.add_argument("--divergence", default="fkl", choices=(*DIVERGENCES, "ce"),
                  help="online: distillation divergence")
-  p.add_argument("--buffer-size", type=int, default=64, help="online: replay rows kept")
-  p.add_argument("--buffer-policy", default="fifo", choices=("fifo", "reservoir"))
-  p.add_argument("--seq-len", type=int, default=128, help="online: tokens kept per replay row")
+  p.add_argument("--buffer-size", type=count(1), default=64, help="online: replay rows kept")
+  p.add_argument("--buffer-policy", default="fifo", choices=POLICIES)
+  p.add_argument("--seq-len", type=count(2), default=128, help="online: tokens kept per replay row")
   p.add_argument("--all-positions", action="store_true",
                  help="online: record every emitted token, not only rejected drafts")
-  p.add_argument("--heldout-every", type=int, default=8,
+  p.add_argument("--heldout-every", type=count(0), default=8,
                  help="online: every n-th request goes to the rollback check's held-out slice "
                       "(0: no rollback)")
   p.add_argument("--checkpoint", default=None, metavar="DIR",
@@ -79,6 +82,8 @@ def read_stream(path: str | pathlib.Path) -> list[dict]:
   if not path.is_file():
     raise FileNotFoundError(f"prompt file {str(path)!r} does not exist")
   lines = [x for x in path.read_text().splitlines() if x.strip()]
+  if not lines:
+    raise ValueError(f"prompt file {str(path)!r} holds no prompts")
   if path.suffix != ".jsonl":
     return [{"prompt": x, "chat": True, "phase": ""} for x in lines]
   items = []
@@ -91,8 +96,6 @@ def read_stream(path: str | pathlib.Path) -> list[dict]:
       raise ValueError(f"{path}:{n}: expected an object with a \"prompt\" string, got {line[:60]!r}")
     items.append({"prompt": item["prompt"], "chat": bool(item.get("chat", True)),
                   "phase": str(item.get("phase", ""))})
-  if not items:
-    raise ValueError(f"prompt file {str(path)!r} holds no prompts")
   return items
 
 

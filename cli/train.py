@@ -6,6 +6,8 @@ import dataclasses
 import pathlib
 import runpy
 
+from cli.args import count
+
 
 def add_parser(sub) -> None:
   p = sub.add_parser(
@@ -15,7 +17,7 @@ def add_parser(sub) -> None:
                   "curves.png, and for head drafters drafter.json + drafter_params.",
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--config", required=True, help="Python file defining EXPERIMENT")
-  p.add_argument("--steps", type=int, default=None,
+  p.add_argument("--steps", type=count(1), default=None,
                  help="override the number of optimizer updates "
                       "(EXPERIMENT.distill.optim.total_steps)")
   p.add_argument("--out-dir", default=None, help="override the experiment's output folder")
@@ -23,12 +25,23 @@ def add_parser(sub) -> None:
 
 
 def load_experiment(path: str):
+  """The DistillExperiment a config file defines as EXPERIMENT. A file that does not parse, fails
+  while it runs (a config value out of range, a field that does not exist, a missing import) or
+  holds something else raises ValueError naming the file and the problem."""
+  from train.experiment import DistillExperiment
   file = pathlib.Path(path)
   if not file.is_file():
     raise FileNotFoundError(f"experiment config {path!r} does not exist")
-  exp = runpy.run_path(str(file)).get("EXPERIMENT")
-  if exp is None:
-    raise ValueError(f"{path} defines no EXPERIMENT")
+  try:
+    names = runpy.run_path(str(file))
+  except SyntaxError as e:
+    raise ValueError(f"{path}:{e.lineno}: not valid Python: {e.msg}") from None
+  except Exception as e:  # the file's own code failed: report it as the file's problem
+    raise ValueError(f"{path}: {type(e).__name__}: {e}") from None
+  exp = names.get("EXPERIMENT")
+  if not isinstance(exp, DistillExperiment):
+    got = "nothing" if exp is None else f"a {type(exp).__name__} ({exp!r:.60})"
+    raise ValueError(f"{path} must define EXPERIMENT = DistillExperiment(...); it defines {got}")
   return exp
 
 

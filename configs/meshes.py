@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 from jax.sharding import AxisType
+
+from core.fields import Checked, field
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -23,20 +26,25 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshConfig:
-  data: int = 1
-  fsdp: int = 1
-  tensor: int = 1
+class MeshConfig(Checked):
+  data: int = field(1, ge=1)
+  fsdp: int = field(1, ge=1)
+  tensor: int = field(1, ge=1)
   rules: tuple[tuple[str, str | tuple[str, ...] | None], ...] = DEFAULT_RULES
-
-  def __post_init__(self):
-    for name in MESH_AXES:
-      if getattr(self, name) < 1:
-        raise ValueError(f"MeshConfig.{name} must be >= 1, got {getattr(self, name)}")
 
   @property
   def shape(self) -> tuple[int, int, int]:
     return (self.data, self.fsdp, self.tensor)
+
+  def check_batch(self, size: int, what: str) -> None:
+    """The rules split the batch over the mesh axes `batch` maps to: it must divide evenly."""
+    axes = dict(self.rules).get("batch")
+    names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    ways = math.prod(getattr(self, n) for n in names)
+    if size % ways:
+      raise ValueError(f"{what} {size} does not split over the mesh's batch axes "
+                       f"{' x '.join(f'{n}={getattr(self, n)}' for n in names)} ({ways} ways); "
+                       f"use a multiple of {ways} or another mesh")
 
 
 def make_mesh(cfg: MeshConfig) -> jax.sharding.Mesh:

@@ -2,53 +2,50 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
+
+from core.fields import Checked, field
+
+DType = Literal["float32", "bfloat16", "float16"]
 
 
 @dataclasses.dataclass(frozen=True)
-class RopeScaling:
+class RopeScaling(Checked):
   """Llama-3 style frequency-dependent RoPE scaling (rope_type "llama3")."""
-  factor: float = 8.0
-  low_freq_factor: float = 1.0
-  high_freq_factor: float = 4.0
-  original_max_position: int = 8192
+  factor: float = field(8.0, gt=0)
+  low_freq_factor: float = field(1.0, gt=0)
+  high_freq_factor: float = field(4.0, gt=0)
+  original_max_position: int = field(8192, ge=1)
 
 
 @dataclasses.dataclass(frozen=True)
-class LlamaConfig:
-  vocab_size: int
-  d_model: int
-  n_layers: int
-  n_heads: int
-  n_kv_heads: int
-  head_dim: int
-  d_ff: int
-  rope_theta: float = 10000.0
+class LlamaConfig(Checked):
+  vocab_size: int = field(ge=1)
+  d_model: int = field(ge=1)
+  n_layers: int = field(ge=1)
+  n_heads: int = field(ge=1)
+  n_kv_heads: int = field(ge=1)
+  head_dim: int = field(ge=1)
+  d_ff: int = field(ge=1)
+  rope_theta: float = field(10000.0, gt=0)
   rope_scaling: RopeScaling | None = None
-  norm_eps: float = 1e-5
+  norm_eps: float = field(1e-5, gt=0)
   tie_embeddings: bool = True
-  max_seq_len: int = 2048
-  dtype: str = "float32"  # compute dtype
-  param_dtype: str = "float32"
+  max_seq_len: int = field(2048, ge=1)
+  dtype: DType = "float32"  # compute dtype
+  param_dtype: DType = "float32"
   # Attention of a block against the cache (decode, verify, tree verify): "xla" (jnp), "pallas"
   # (models/kernels/tree_attention.py) or "pallas-interpret" (the same kernel in interpret mode,
   # for CPU). The kernel walks the cache in blocks of attention_block_kv slots.
-  attention_impl: str = "xla"
-  attention_block_kv: int = 128
+  attention_impl: Literal["xla", "pallas", "pallas-interpret"] = "xla"
+  attention_block_kv: int = field(128, ge=1)
 
   def __post_init__(self):
-    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-                 "d_ff", "max_seq_len"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"LlamaConfig.{name} must be >= 1, got {getattr(self, name)}")
+    super().__post_init__()
     if self.n_heads % self.n_kv_heads:
       raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
-    if self.attention_impl not in ("xla", "pallas", "pallas-interpret"):
-      raise ValueError(f"attention_impl must be 'xla', 'pallas' or 'pallas-interpret', got "
-                       f"{self.attention_impl!r}")
-    if self.attention_block_kv < 1:
-      raise ValueError(f"attention_block_kv must be >= 1, got {self.attention_block_kv}")
 
 
 PRESETS: dict[str, LlamaConfig] = {

@@ -16,6 +16,7 @@ import numpy as np
 
 from configs.meshes import MeshConfig, make_mesh
 from configs.models import LlamaConfig
+from core.fields import Checked, field
 from decode.inputs import check_room, pack_prompts
 from decode.metrics import DecodeOutput
 from decode.sampling import SamplingConfig, sample
@@ -24,17 +25,20 @@ from models.kvcache import KVCache
 
 
 @dataclasses.dataclass(frozen=True)
-class GenerateConfig:
-  max_new_tokens: int = 128
+class GenerateConfig(Checked):
+  max_new_tokens: int = field(128, ge=1)
   sampling: SamplingConfig = SamplingConfig()
-  eos_ids: tuple[int, ...] = ()
-  prompt_bucket: int = 64  # prompts are right-padded to a multiple: one compile per bucket
+  eos_ids: tuple[int, ...] = field((), ge=0)
+  # Prompts are right-padded to a multiple of this: one compile per bucket.
+  prompt_bucket: int = field(64, ge=1)
 
-  def __post_init__(self):
-    if self.max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-    if self.prompt_bucket < 1:
-      raise ValueError(f"prompt_bucket must be >= 1, got {self.prompt_bucket}")
+  def check_vocab(self, vocab_size: int) -> None:
+    """Host-side, once the model is known: top_k and the EOS ids must fit its vocabulary."""
+    self.sampling.check_vocab(vocab_size)
+    bad = [i for i in self.eos_ids if i >= vocab_size]
+    if bad:
+      raise ValueError(f"eos_ids {self.eos_ids} name id {bad[0]}, outside the vocabulary "
+                       f"[0, {vocab_size})")
 
 
 @flax.struct.dataclass
@@ -98,6 +102,7 @@ def place(params, config: LlamaConfig, cache: KVCache, tokens, lengths, mesh: Me
   tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
   stacked = not isinstance(params["layers"], tuple)
   if mesh is not None:
+    mesh.check_batch(tokens.shape[0], "batch size (prompts)")
     m = make_mesh(mesh)
     if stacked:
       params = sharding.shard_params(params, config, m, mesh.rules)
@@ -126,7 +131,7 @@ def generate(params, config: LlamaConfig, prompts, gen: GenerateConfig = Generat
   warmup: compile prefill and the loop first (the loop runs zero steps), timed as compile_s,
   so prefill_s, decode_s and tokens_per_s measure only the run itself.
   """
-  gen.sampling.check_vocab(config.vocab_size)
+  gen.check_vocab(config.vocab_size)
   tokens, lengths = pack_prompts(prompts, config.vocab_size, gen.prompt_bucket)
   check_room(int(lengths.max()), gen.max_new_tokens, config.max_seq_len)
   b, n = len(lengths), gen.max_new_tokens

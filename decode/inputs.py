@@ -14,24 +14,27 @@ def round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
+def check_prompt(prompt: Sequence[int], vocab_size: int, what: str = "prompt") -> np.ndarray:
+  """A prompt's ids [T] int32, or a ValueError naming `what` ("prompt 3", "request 17")."""
+  if isinstance(prompt, str):
+    raise ValueError(f"{what} is a string; tokenize it first (got {prompt[:40]!r})")
+  ids = np.asarray(prompt)
+  if ids.ndim != 1 or ids.size == 0:
+    raise ValueError(f"{what} is empty or not a flat list of token ids (shape {ids.shape})")
+  if not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError(f"{what} holds non-integer values of dtype {ids.dtype}")
+  bad = ids[(ids < 0) | (ids >= vocab_size)]
+  if bad.size:
+    raise ValueError(f"{what} has token id {int(bad[0])} outside the vocabulary [0, {vocab_size})")
+  return ids.astype(np.int32)
+
+
 def pack_prompts(prompts: Sequence[Sequence[int]], vocab_size: int,
                  bucket: int) -> tuple[np.ndarray, np.ndarray]:
   """Right-pads prompts to one bucketed length. Returns tokens [b, T] int32 and lengths [b]."""
   if isinstance(prompts, (str, bytes)) or not len(prompts):
     raise ValueError("prompts must be a non-empty list of token-id lists")
-  rows = []
-  for i, p in enumerate(prompts):
-    if isinstance(p, str):
-      raise TypeError(f"prompt {i} is a string; tokenize it first (got {p[:40]!r})")
-    ids = np.asarray(p)
-    if ids.ndim != 1 or ids.size == 0:
-      raise ValueError(f"prompt {i} is empty or not a flat list of token ids (shape {ids.shape})")
-    if not np.issubdtype(ids.dtype, np.integer):
-      raise ValueError(f"prompt {i} holds non-integer values of dtype {ids.dtype}")
-    bad = ids[(ids < 0) | (ids >= vocab_size)]
-    if bad.size:
-      raise ValueError(f"prompt {i} has token id {int(bad[0])} outside the vocabulary [0, {vocab_size})")
-    rows.append(ids.astype(np.int32))
+  rows = [check_prompt(p, vocab_size, f"prompt {i}") for i, p in enumerate(prompts)]
   lengths = np.array([len(r) for r in rows], np.int32)
   tokens = np.zeros((len(rows), round_up(int(lengths.max()), bucket)), np.int32)
   for i, r in enumerate(rows):

@@ -16,8 +16,11 @@ class DecodeOutput:
   compile_s: float = 0.0  # warm-up compile time, measured apart from the timed run
   # Speculative runs only (autoregressive decoding is k = 0):
   row_steps: int = 0  # verify steps summed over the sequences still active in them
-  step_tokens: int = 0  # tokens those steps emitted (accepted drafts + one target token each)
-  accepted_at: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))  # [k]
+  # Tokens those steps emitted: accepted drafts + one target token each, fewer where the token
+  # budget or an EOS cut a step's block (only what is emitted counts).
+  step_tokens: int = 0
+  # [k] steps whose draft i was accepted and emitted, summed over sequences.
+  accepted_at: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
   drafted: int = 0  # draft tokens the target checked (k per step, fewer with adaptive length)
   drafter_state: Any = None  # the drafter's final state (e.g. a Token Recycling matrix to reuse)
 
@@ -35,12 +38,13 @@ class DecodeOutput:
 
   @property
   def tau(self) -> float:
-    """Mean tokens emitted per target forward per sequence (1.0 for autoregressive decoding)."""
+    """Mean tokens emitted per verify step per sequence (1.0 for autoregressive decoding); the
+    first new token, which the prefill gives, is not counted."""
     return self.step_tokens / self.row_steps if self.row_steps else 1.0
 
   @property
   def acceptance(self) -> np.ndarray:
-    """[k] fraction of steps whose draft token at position i was accepted."""
+    """[k] fraction of verify steps whose draft at position i was accepted and emitted."""
     return self.accepted_at / max(self.row_steps, 1)
 
   @property

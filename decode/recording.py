@@ -19,6 +19,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from core.fields import Checked, field
 from drafters.base import TargetView, Verified
 
 
@@ -32,10 +33,15 @@ class RecordState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Recording:
+class Recording(Checked):
   drafter: Any
-  top_k: int = 32
+  top_k: int = field(32, ge=1)
   all_positions: bool = False  # False: only where a draft was rejected
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not callable(getattr(self.drafter, "propose", None)):
+      raise ValueError(f"Recording.drafter must be a drafter (with propose), got {self.drafter!r}")
 
   def __getattr__(self, name):  # tree, hidden_layers, stop_threshold: the wrapped drafter's
     if name.startswith("__") or name == "drafter":  # copy/pickle probe before fields exist

@@ -2,30 +2,25 @@
 
 Speculative verification must apply temperature, top-k and top-p identically to the target and
 the drafter, so both go through `probs` here. Temperature 0 means greedy, handled explicitly
-(dividing by zero would give inf and then NaN).
+(dividing by zero would give inf and then NaN). Any positive temperature works, however small:
+the logits are shifted so their maximum is 0 before the division, so a tiny temperature sends
+the others to -inf (probability 0) instead of overflowing to inf - inf = NaN.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 
+from core.fields import Checked, field
+
 
 @dataclasses.dataclass(frozen=True)
-class SamplingConfig:
-  temperature: float = 0.0  # 0 = greedy
-  top_k: int = 0  # 0 = off
-  top_p: float = 1.0  # 1 = off
-
-  def __post_init__(self):
-    if not math.isfinite(self.temperature) or self.temperature < 0:
-      raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-    if self.top_k < 0:
-      raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-    if not (0 < self.top_p <= 1):
-      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+class SamplingConfig(Checked):
+  temperature: float = field(0.0, ge=0)  # 0 = greedy
+  top_k: int = field(0, ge=0)  # 0 = off
+  top_p: float = field(1.0, gt=0, le=1)  # 1 = off
 
   @property
   def greedy(self) -> bool:
@@ -45,7 +40,9 @@ def probs(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
   logits = logits.astype(jnp.float32)
   if cfg.greedy:
     return jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
-  logits = logits / cfg.temperature
+  shifted = logits - jnp.max(logits, -1, keepdims=True)  # <= 0
+  # The max stays 0 even where the temperature rounds to 0 in float32 (0 / 0 is never taken).
+  logits = jnp.where(shifted < 0, shifted / cfg.temperature, 0.0)
   neg = jnp.finfo(jnp.float32).min
   if cfg.top_k:
     kth = jax.lax.top_k(logits, cfg.top_k)[0][..., -1:]

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from decode.inputs import check_room, pack_prompts
+from core import fields
+from decode.inputs import check_prompt, check_room
 from decode.recording import Recording
 from decode.speculative import SpecConfig, block_shape, speculative_generate
 from train.online import OnlineLearner, served_row
@@ -51,9 +52,9 @@ class BatchReport:
 
 def _refusal(prompt, config, spec: SpecConfig, extra: int) -> str | None:
   try:
-    pack_prompts([prompt], config.vocab_size, spec.prompt_bucket)
+    check_prompt(prompt, config.vocab_size, "its prompt")
     check_room(len(prompt), spec.max_new_tokens, config.max_seq_len, extra=extra)
-  except (TypeError, ValueError) as e:
+  except ValueError as e:
     return str(e)
   return None
 
@@ -66,8 +67,7 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
   learner: adapt the drafter online (its params replace drafter_params); the drafter must be
   the draft model whose params the learner trains.
   """
-  if batch_size < 1:
-    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+  fields.check("batch_size", batch_size, int, ge=1)
   hot = getattr(drafter, "hot_start", False)
   if learner is not None and hot:
     raise ValueError(f"{type(drafter).__name__} adapts by its own state (hot start); it has no "

@@ -22,6 +22,7 @@ import numpy as np
 
 from configs.meshes import MeshConfig
 from configs.models import LlamaConfig
+from core.fields import field
 from decode import trees
 from decode.generate import GenerateConfig, place, prefill
 from decode.inputs import check_room, pack_prompts
@@ -37,12 +38,7 @@ from models.kvcache import KVCache
 @dataclasses.dataclass(frozen=True)
 class SpecConfig(GenerateConfig):
   """GenerateConfig plus the number of draft tokens per verify step."""
-  k: int = 5
-
-  def __post_init__(self):
-    super().__post_init__()
-    if self.k < 1:
-      raise ValueError(f"k (draft tokens per step) must be >= 1, got {self.k}")
+  k: int = field(5, ge=1)
 
 
 @flax.struct.dataclass
@@ -84,23 +80,35 @@ def _verify(params, config, spec, drafter, draft, view, last, key):
 
   Returns (Verified, emitted tokens [b, depth + 1] (-1 past each row's), cache with the kept
   path's K/V in contiguous slots after the root's).
+
+  A draft id outside the vocabulary (a faulty drafter) is never kept and never reaches the
+  model: the forward reads token 0 in its place (an out-of-range embedding lookup gives NaN,
+  whose K/V would poison every later step through the masked attention), and verification
+  stops before it: a chain checks only the drafts before the first bad one, a tree tries no
+  sibling from a bad one on. Both are lossless stopping rules, so the output is the target's
+  whatever the drafter proposes.
   """
   b = last.shape[0]
-  block = jnp.concatenate([last[:, None], draft.tokens], 1)  # [b, n + 1]
+  valid = (draft.tokens >= 0) & (draft.tokens < config.vocab_size)  # [b, n]
+  drafts = jnp.where(valid, draft.tokens, 0)  # [b, n]
+  block = jnp.concatenate([last[:, None], drafts], 1)  # [b, n + 1]
   root = view.lengths - 1  # [b] the pending token's slot and position
   q = draft.probs
   layers = getattr(drafter, "hidden_layers", (-1,))  # target features the drafter reads
   if draft.parents is None:  # a chain: position i after the root, causal mask
-    k = draft.tokens.shape[1]
+    k = drafts.shape[1]
     if q is None and not spec.sampling.greedy:  # deterministic drafter: q is one-hot
-      q = jax.nn.one_hot(draft.tokens, config.vocab_size, dtype=jnp.float32)
+      q = jax.nn.one_hot(drafts, config.vocab_size, dtype=jnp.float32)
+    length = jnp.cumprod(valid.astype(jnp.int32), 1).sum(1)  # [b] drafts before a bad id
+    if draft.length is not None:
+      length = jnp.minimum(length, draft.length)
 
     def chain(m):  # verifies the first m drafts with one forward of m + 1 tokens
       logits, hidden, cache = llama.forward(params, config, block[:, :m + 1],
                                             root[:, None] + jnp.arange(m + 1), view.cache,
                                             hidden_layers=layers)
-      n_acc, nxt = verify_chain(key, logits, draft.tokens[:, :m], None if q is None else
-                                q[:, :m], spec.sampling, draft.length)
+      n_acc, nxt = verify_chain(key, logits, drafts[:, :m], None if q is None else q[:, :m],
+                                spec.sampling, jnp.minimum(length, m))
       pad = lambda x, axis: jnp.pad(x, [(0, k - m if a == axis else 0) for a in range(x.ndim)])
       return pad(logits, 1), pad(hidden, 2), cache, n_acc, nxt
 
@@ -111,15 +119,16 @@ def _verify(params, config, spec, drafter, draft, view, last, key):
       logits, hidden, cache, n_acc, nxt = jax.lax.switch(
           m - 1, [functools.partial(chain, i) for i in range(1, k + 1)])
     path = jnp.broadcast_to(jnp.arange(k + 1, dtype=jnp.int32), (b, k + 1))
-    kept = draft.tokens
+    kept = drafts
   else:
     tree = drafter.tree
     positions = root[:, None] + trees.depths(draft.parents, tree.depth)
     mask = trees.ancestor_mask(draft.parents, tree.depth)  # [b, n + 1, n + 1]
     logits, hidden, cache = llama.forward(params, config, block, positions, view.cache, mask,
                                           hidden_layers=layers)
+    valid_nodes = jnp.concatenate([jnp.ones((b, 1), bool), valid], 1)  # [b, n + 1]
     path, n_acc, nxt = verify_tree(key, logits, block, draft.parents, q, spec.sampling,
-                                   tree.depth, tree.max_children)
+                                   tree.depth, tree.max_children, valid=valid_nodes)
     cache = cache.gather_path(root, path)
     kept = jnp.take_along_axis(block, path[:, 1:], 1)  # [b, depth]
   verified = Verified(block=block, logits=logits, hidden=hidden, path=path, n_accepted=n_acc)
@@ -140,7 +149,8 @@ def spec_step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
   checked = draft.tokens.shape[1] if draft.length is None else draft.length  # [] or [b]
   active = ~s.done
   n_emit, hit_eos = _stop(out, n_acc + 1, s.n_out, spec.max_new_tokens, spec.eos_ids)
-  n_emit = jnp.where(active, n_emit, 0)
+  n_emit = jnp.where(active, n_emit, 0)  # [b] tokens this step emits (the budget or an EOS may
+  # cut the accepted block: only the emitted ones count in tau and acceptance)
   slots = s.lengths[:, None] + jnp.arange(width)[None]
   slots = jnp.where(jnp.arange(width)[None] < n_emit[:, None], slots, s.history.shape[1])
   history = s.history.at[rows[:, None], slots].set(out, mode="drop")
@@ -148,12 +158,12 @@ def spec_step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
   cache = cache.with_lengths(lengths - 1)
   dstate = drafter.update(dparams, dstate, TargetView(params, cache, history, lengths), verified)
   n_out = s.n_out + n_emit
-  accepted = (jnp.arange(width - 1)[None] < n_acc[:, None]) & active[:, None]
+  accepted = jnp.arange(width - 1)[None] < jnp.minimum(n_acc, n_emit)[:, None]  # [b, depth]
   return s.replace(
       cache=cache, history=history, lengths=lengths, n_out=n_out, drafter=dstate, key=key,
       done=s.done | (active & hit_eos) | (n_out >= spec.max_new_tokens),
       forwards=s.forwards + 1, row_steps=s.row_steps + active.sum(),
-      step_tokens=s.step_tokens + jnp.where(active, n_acc + 1, 0).sum(),
+      step_tokens=s.step_tokens + n_emit.sum(),
       accepted_at=s.accepted_at + accepted.sum(0),
       drafted=s.drafted + jnp.where(active, checked, 0).sum())
 
@@ -198,7 +208,7 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   drafter_params: arrays the drafter reads (a draft model's weights), or None.
   warmup: compile everything first (the loop runs zero steps), timed apart as compile_s.
   """
-  spec.sampling.check_vocab(config.vocab_size)
+  spec.check_vocab(config.vocab_size)
   drafter.check(config, drafter_params, spec.k)
   drafter_params = drafter.prepare(drafter_params)
   tokens, lengths = pack_prompts(prompts, config.vocab_size, spec.prompt_bucket)

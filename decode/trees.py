@@ -24,21 +24,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from core.fields import Checked, field
+
 
 @dataclasses.dataclass(frozen=True)
-class StaticTree:
+class StaticTree(Checked):
   """A fixed tree from a choice list: each choice is the path of candidate ranks from the root."""
-  choices: tuple[tuple[int, ...], ...]
+  choices: tuple[tuple[int, ...], ...] = field(ge=0)
 
   def __post_init__(self):
-    choices = tuple(tuple(int(r) for r in c) for c in self.choices)
-    object.__setattr__(self, "choices", choices)
+    if isinstance(self.choices, (list, tuple)):  # Medusa's choice lists are lists of lists
+      object.__setattr__(self, "choices", tuple(
+          tuple(c) if isinstance(c, (list, tuple)) else c for c in self.choices))
+    super().__post_init__()
+    choices = self.choices
     if not choices:
-      raise ValueError("a tree needs at least one choice (draft node)")
+      raise ValueError("StaticTree.choices must hold at least one choice (draft node), got ()")
     seen = set()
     for c in choices:
-      if not c or min(c) < 0:
-        raise ValueError(f"tree choice {c} must be a non-empty path of ranks >= 0")
+      if not c:
+        raise ValueError(f"StaticTree.choices: choice {c} must be a non-empty path of ranks")
       if c in seen:
         raise ValueError(f"tree choice {c} appears twice")
       seen.add(c)
@@ -103,16 +108,11 @@ class StaticTree:
 
 
 @dataclasses.dataclass(frozen=True)
-class DynamicTree:
+class DynamicTree(Checked):
   """Per level, the `width` most probable children (of `children` per node) of the last level."""
-  width: int = 4
-  depth: int = 4
-  children: int = 4
-
-  def __post_init__(self):
-    for name in ("width", "depth", "children"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"DynamicTree {name} must be >= 1, got {getattr(self, name)}")
+  width: int = field(4, ge=1)
+  depth: int = field(4, ge=1)
+  children: int = field(4, ge=1)
 
   @property
   def levels(self) -> tuple[int, ...]:

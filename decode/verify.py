@@ -35,7 +35,7 @@ def verify_chain(
     draft_tokens: jax.Array,  # [b, k] int32
     draft_probs: jax.Array | None,  # [b, k, v] drafter's q after `sampling`; None for greedy
     sampling: SamplingConfig,
-    length: jax.Array | None = None,  # [b] int32 drafts to check (adaptive length); None: k
+    length: jax.Array | None = None,  # [b] int32 in [0, k] drafts to check; None: k
 ) -> tuple[jax.Array, jax.Array]:
   """Returns (n_accepted [b] int32 in [0, length or k], next_token [b] int32).
 

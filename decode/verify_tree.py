@@ -36,22 +36,27 @@ def verify_tree(
     depth: int,
     max_children: int,
     without_replacement: bool = True,
+    valid: jax.Array | None = None,  # [b, n + 1] bool: False marks a node never to keep
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Returns (path [b, depth + 1] node indices from the root, n_accepted [b], next_token [b]).
 
   path[:, :n_accepted + 1] is the kept path (path[:, 0] is the root); entries past it repeat
   its last node. draft_probs[:, i - 1] is the law node i was drawn from before its earlier
-  siblings were removed (the drafter's q at node i's parent, after `sampling`).
+  siblings were removed (the drafter's q at node i's parent, after `sampling`). A node that is
+  not `valid` (a draft id outside the vocabulary) ends its parent's tries: neither it nor a
+  later sibling is kept (the next token is then drawn from what the earlier rejections left,
+  which stays lossless).
   """
   _check_shapes(target_logits, tokens, parents, draft_probs, sampling)
   node_depths = depths(parents, depth)  # [b, n + 1]
+  valid = jnp.ones(tokens.shape, bool) if valid is None else valid
   if sampling.greedy:
     best = jnp.argmax(target_logits, -1).astype(jnp.int32)  # [b, n + 1]
-    node = _greedy_node(best, tokens, parents, node_depths, depth)
+    node = _greedy_node(best, tokens, parents, node_depths, depth, valid)
     nxt = jnp.take_along_axis(best, node[:, None], 1)[:, 0]
   else:
     node, nxt = _sampled_walk(key, target_logits, tokens, parents, draft_probs, sampling, depth,
-                              max_children, without_replacement)
+                              max_children, without_replacement, valid)
   n_acc = jnp.take_along_axis(node_depths, node[:, None], 1)[:, 0]
   return path_to(node, n_acc, parents, depth), n_acc, nxt
 
@@ -66,11 +71,11 @@ def _check_shapes(target_logits, tokens, parents, draft_probs, sampling) -> None
     raise ValueError(f"draft_probs must be [b, n, v] = {(b, n1 - 1, v)}, got {draft_probs.shape}")
 
 
-def _greedy_node(best, tokens, parents, node_depths, depth):
-  """The deepest node whose whole path matches the target's argmax best [b, n + 1] (first on
-  ties) -> [b]."""
+def _greedy_node(best, tokens, parents, node_depths, depth, valid):
+  """The deepest valid node whose whole path matches the target's argmax best [b, n + 1] (first
+  on ties) -> [b]."""
   safe = jnp.maximum(parents, 0)
-  match = (tokens == jnp.take_along_axis(best, safe, 1)) | (parents < 0)  # root always kept
+  match = ((tokens == jnp.take_along_axis(best, safe, 1)) & valid) | (parents < 0)  # root kept
   ok = match
   for _ in range(depth):  # kept = matches and parent kept, settled one level per round
     ok = match & jnp.take_along_axis(ok, safe, 1)
@@ -79,7 +84,7 @@ def _greedy_node(best, tokens, parents, node_depths, depth):
 
 
 def _sampled_walk(key, target_logits, tokens, parents, draft_probs, sampling, depth,
-                  max_children, without_replacement):
+                  max_children, without_replacement, valid):
   b, n1, v = target_logits.shape
   rows = jnp.arange(b)
   p_all = probs(target_logits, sampling)  # [b, n + 1, v]
@@ -93,10 +98,12 @@ def _sampled_walk(key, target_logits, tokens, parents, draft_probs, sampling, de
     first = jnp.maximum(kids[rows, node, 0] - 1, 0)  # row of node's first child in draft_probs
     q = None if draft_probs is None else draft_probs[rows, first].astype(jnp.float32)  # [b, v]
     moved = jnp.zeros((b,), bool)
+    blocked = jnp.zeros((b,), bool)  # an invalid sibling came up: no more tries at this node
     for r in range(max_children):
       child = kids[rows, node, r]  # [b]
       x = tokens[rows, jnp.maximum(child, 0)]
-      live = (child >= 0) & ~stopped & ~moved
+      blocked |= (child >= 0) & ~valid[rows, jnp.maximum(child, 0)]
+      live = (child >= 0) & ~stopped & ~moved & ~blocked
       q_try = jax.nn.one_hot(x, v, dtype=jnp.float32) if q is None else q
       qx = q_try[rows, x]
       if q is not None:  # a sibling from an exhausted law (no mass left) was never a real draw

@@ -10,6 +10,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from configs.models import LlamaConfig
+from core.fields import Checked
 from decode.trees import Tree
 from drafters.base import Draft, TargetView, Verified
 from drafters.chain import draft_chain
@@ -19,7 +20,7 @@ from models.kvcache import KVCache
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftModel:
+class DraftModel(Checked):
   config: LlamaConfig
   tree: Tree | None = None  # None: a chain of k drafts
 

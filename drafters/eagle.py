@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from core.fields import Checked, field
 from decode.sampling import SamplingConfig, probs, sample
 from decode.trees import Tree
 from drafters.base import Draft, TargetView, Verified
@@ -53,24 +54,21 @@ class EagleState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Eagle:
+class Eagle(Checked):
   feature_layers: tuple[int, ...] = (-1,)  # target hidden states fused into g (HF indexing)
-  ttt_steps: int = 1  # training rollout steps on the drafter's own features (EAGLE-3: > 1)
-  feature_weight: float = 1.0  # EAGLE-1 feature regression (single final feature only)
+  # Training rollout steps on the drafter's own features (EAGLE-3: > 1).
+  ttt_steps: int = field(1, ge=1)
+  feature_weight: float = field(1.0, ge=0)  # EAGLE-1 feature regression (single final feature)
   tree: Tree | None = None  # None: a chain of k drafts
-  stop_threshold: float | None = None  # SpecDec++: stop once P(some draft rejected) > this
+  # SpecDec++: stop once P(some draft rejected) > this (an acceptance threshold in (0, 1)).
+  stop_threshold: float | None = field(None, gt=0, lt=1)
 
   def __post_init__(self):
+    super().__post_init__()
     if not self.feature_layers:
-      raise ValueError("feature_layers must name at least one target hidden state")
-    if self.ttt_steps < 1:
-      raise ValueError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
-    if self.stop_threshold is not None:
-      if not 0 < self.stop_threshold < 1:
-        raise ValueError(f"stop_threshold (acceptance threshold) must be in (0, 1), "
-                         f"got {self.stop_threshold}")
-      if self.tree is not None:
-        raise ValueError("stop_threshold (adaptive draft length) applies to chains; drop the tree")
+      raise ValueError("Eagle.feature_layers must name at least one target hidden state, got ()")
+    if self.stop_threshold is not None and self.tree is not None:
+      raise ValueError("stop_threshold (adaptive draft length) applies to chains; drop the tree")
 
   @classmethod
   def eagle3(cls, n_layers: int, **kw) -> Eagle:

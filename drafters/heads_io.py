@@ -53,7 +53,7 @@ def load_head_drafter(folder: str | os.PathLike, target_config: LlamaConfig, tre
   differing field) or is not of `kind` (when given); FileNotFoundError if nothing is saved.
   """
   folder = pathlib.Path(folder)
-  spec = _read_spec(folder)
+  spec = _read_spec(folder, kind)
   if kind is not None and spec["kind"] != kind:
     raise ValueError(f"{folder} holds a {spec['kind']} drafter, not {kind}")
   _check_target(folder, spec["target"], target_config)
@@ -111,11 +111,11 @@ def _as_tuples(value):
   return value
 
 
-def _read_spec(folder: pathlib.Path) -> dict:
+def _read_spec(folder: pathlib.Path, kind: str | None) -> dict:
   file = folder / SPEC
   if not file.is_file():
-    raise FileNotFoundError(f"no head drafter in {folder} (missing {file}); train one, e.g. "
-                            "with `speculax train --config configs/medusa_smollm2.py`")
+    raise FileNotFoundError(f"no head drafter in {folder} (missing {file}); train one with "
+                            f"`speculax train --config configs/{kind or 'medusa'}_smollm2.py`")
   try:
     spec = json.loads(file.read_text(encoding="utf-8"))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from core.fields import Checked, field
 from decode.sampling import SamplingConfig
 from decode.trees import StaticTree, Tree
 from drafters.base import Draft, TargetView, Verified
@@ -55,18 +56,12 @@ class HydraState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Hydra:
-  n_heads: int = 4
+class Hydra(Checked):
+  n_heads: int = field(4, ge=1)
   tree: Tree | None = None  # None: a chain of k <= n_heads drafts
   prefix_attention: bool = False  # Hydra++: a causal decoder layer over the context's features
-  mlp_layers: int = 1  # residual SiLU blocks per head (Hydra++: 4)
+  mlp_layers: int = field(1, ge=1)  # residual SiLU blocks per head (Hydra++: 4)
   hidden_layers = (-1,)  # the verify forward's features the drafter reads (final-normed)
-
-  def __post_init__(self):
-    if self.n_heads < 1:
-      raise ValueError(f"Hydra needs n_heads >= 1, got {self.n_heads}")
-    if self.mlp_layers < 1:
-      raise ValueError(f"Hydra needs mlp_layers >= 1, got {self.mlp_layers}")
 
   def check(self, target, params, k: int) -> None:
     if params is None:

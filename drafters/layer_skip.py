@@ -10,6 +10,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from core.fields import Checked, field
 from decode.trees import Tree
 from drafters.base import Draft, Stateless, TargetView
 from drafters.chain import draft_chain
@@ -18,8 +19,8 @@ from models.kvcache import KVCache
 
 
 @dataclasses.dataclass(frozen=True)
-class LayerSkip(Stateless):
-  keep: tuple[int, ...]  # indices of the target layers the drafter runs, ascending
+class LayerSkip(Checked, Stateless):
+  keep: tuple[int, ...] = field(ge=0)  # indices of the target layers the drafter runs, ascending
   tree: Tree | None = None  # None: a chain of k drafts
 
   @classmethod

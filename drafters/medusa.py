@@ -20,6 +20,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from core.fields import Checked, field
 from decode.sampling import SamplingConfig, candidates, probs, sample
 from decode.trees import StaticTree
 from drafters.base import Draft, TargetView, Verified
@@ -28,8 +29,8 @@ from models import llama
 
 
 @dataclasses.dataclass(frozen=True)
-class Medusa:
-  n_heads: int = 4
+class Medusa(Checked):
+  n_heads: int = field(4, ge=1)
   tree: StaticTree | None = None  # None: a chain of k <= n_heads drafts
   hidden_layers = (-1,)  # the verify forward's features the drafter reads (final-normed)
 
@@ -42,9 +43,6 @@ class Medusa:
     if got != want:
       raise ValueError(f"Medusa head params must have shapes {want} for this target "
                        f"(d_model {d}), got {got}: were they trained on another target?")
-    if self.tree is not None and not isinstance(self.tree, StaticTree):
-      raise ValueError(f"Medusa heads draft a static tree (their candidates do not depend on the "
-                       f"drafted prefix), got {self.tree}")
     check_heads(self.tree, k, self.n_heads, target.vocab_size)
 
   def prepare(self, params):

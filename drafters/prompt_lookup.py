@@ -3,18 +3,20 @@ from __future__ import annotations
 
 import dataclasses
 
+from core.fields import Checked, field
 from drafters.base import Draft, Stateless, TargetView
 from drafters.ngram import ngram_propose
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptLookup(Stateless):
-  max_ngram: int = 3
-  min_ngram: int = 1
+class PromptLookup(Checked, Stateless):
+  max_ngram: int = field(3, ge=1)
+  min_ngram: int = field(1, ge=1)
 
-  def check(self, target, params, k: int) -> None:
-    if not 1 <= self.min_ngram <= self.max_ngram:
-      raise ValueError(f"prompt lookup needs 1 <= min_ngram <= max_ngram, got "
+  def __post_init__(self):
+    super().__post_init__()
+    if self.min_ngram > self.max_ngram:
+      raise ValueError(f"PromptLookup needs min_ngram <= max_ngram, got "
                        f"min_ngram={self.min_ngram} max_ngram={self.max_ngram}")
 
   def propose(self, params, state, view: TargetView, key, config, k: int, sampling):

@@ -18,6 +18,9 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
+import numpy as np
+
+from core.fields import Checked
 from decode.trees import StaticTree
 from drafters.base import Draft, TargetView, Verified
 from drafters.tree_draft import check_tree
@@ -33,16 +36,28 @@ DEFAULT_TREE = StaticTree((
 
 
 @dataclasses.dataclass(frozen=True)
-class TokenRecycling:
+class TokenRecycling(Checked):
   tree: StaticTree = DEFAULT_TREE
   hot_start: ClassVar[bool] = True  # a serving loop passes each run's final state to the next
 
   def check(self, target, params, k: int) -> None:
+    """A hot-start matrix must be token ids of this target: [vocab, candidates] integers in
+    [0, vocab)."""
     check_tree(self.tree, target.vocab_size)
+    if params is None:
+      return
     shape = (target.vocab_size, self.tree.max_children)
-    if params is not None and tuple(params.shape) != shape:
+    if tuple(np.shape(params)) != shape:
       raise ValueError(f"token-recycling matrix must have shape {shape} (vocab x candidates), "
-                       f"got {tuple(params.shape)}")
+                       f"got {tuple(np.shape(params))}")
+    matrix = np.asarray(params)
+    if not np.issubdtype(matrix.dtype, np.integer):
+      raise ValueError(f"token-recycling matrix must hold integer token ids, got dtype "
+                       f"{matrix.dtype}")
+    bad = matrix[(matrix < 0) | (matrix >= target.vocab_size)]
+    if bad.size:
+      raise ValueError(f"token-recycling matrix holds token id {int(bad[0])}, outside the "
+                       f"vocabulary [0, {target.vocab_size})")
 
   def prepare(self, params):
     return params

@@ -14,23 +14,104 @@ def test_help_explains_every_flag(capsys):
     assert f"  {flag} " in text or f"  {flag}\n" in text, flag
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--mesh", "2,2"], "--mesh must be three integers"),
-    (["--prompt", "  "], "--prompt is empty"),
-    (["--model", "no-such-model"], "no-such-model"),
-    (["--temperature", "-1"], "temperature must be a finite number >= 0, got -1.0"),
-    (["--top-p", "0"], r"top_p must be in (0, 1], got 0.0"),
-    (["--tree", "full:2,0"], "tree must be 'chain', 'full:B1,B2,...'"),
-    (["--tree", "dynamic:4,0,2"], "DynamicTree depth must be >= 1, got 0"),
-    (["--drafter", "medusa"],
+# Files the malformed-input table below names as {name}: (file name, text).
+FILES = {
+    "stream": ("stream.jsonl", '{"prompt": "hi"}\n'),
+    "bad_jsonl": ("bad_jsonl.jsonl", '{"prompt": "hi"}\n{"text": "no prompt key"}\n'),
+    "not_json": ("not_json.jsonl", '{"prompt": "hi"\n'),
+    "empty_txt": ("empty.txt", "\n  \n"),
+    "syntax": ("syntax.py", "EXPERIMENT = DistillExperiment(\n"),
+    "not_experiment": ("not_experiment.py", "EXPERIMENT = 3\n"),
+    "no_experiment": ("no_experiment.py", "OTHER = 1\n"),
+    "missing_field": ("missing_field.py", "from train.experiment import DistillExperiment\n"
+                                          "EXPERIMENT = DistillExperiment()\n"),
+    "bad_value": ("bad_value.py", "from train.experiment import DataConfig, DistillExperiment\n"
+                                  "EXPERIMENT = DistillExperiment('x', data=DataConfig(rows=0))\n"),
+    "raises": ("raises.py", "import no_such_module\n"),
+}
+
+MALFORMED = [
+    ([], "the following arguments are required: COMMAND"),
+    (["serve"], "invalid choice: 'serve'"),
+    # generate
+    (["generate", "--mesh", "2,2"], "--mesh must be three integers"),
+    (["generate", "--prompt", "  "], "--prompt is empty"),
+    (["generate", "--model", "no-such-model"], "no-such-model"),
+    (["generate", "--temperature", "-1"], "temperature must be a finite number >= 0, got -1.0"),
+    (["generate", "--temperature", "nan"], "temperature must be a finite number >= 0, got nan"),
+    (["generate", "--top-p", "0"], "top_p must be a finite number > 0 and <= 1, got 0.0"),
+    (["generate", "--top-k", "2.5"], "argument --top-k: must be an int >= 0, got '2.5'"),
+    (["generate", "-k", "0"], "argument -k: must be an int >= 1, got 0"),
+    (["generate", "--humaneval", "-1"], "argument --humaneval: must be an int >= 1, got -1"),
+    (["generate", "--max-new-tokens", "many"], "must be an int >= 1, got 'many'"),
+    (["generate", "--seed", "-3"], "argument --seed: must be an int >= 0, got -3"),
+    (["generate", "--drafter", "oracle"], "argument --drafter: invalid choice: 'oracle'"),
+    (["generate", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["generate", "--tree", "full:2,0"], "tree must be 'chain', 'full:B1,B2,...'"),
+    (["generate", "--tree", "dynamic:4,0,2"], "DynamicTree.depth must be an int >= 1, got 0"),
+    (["generate", "--drafter", "medusa"],
      "medusa needs trained heads: a run folder (--heads FOLDER); train one with "
      "`speculax train --config configs/medusa_smollm2.py`"),
-    (["--heads", "runs/medusa-smollm2"], "are for the head drafters (medusa, "),
-])
-def test_bad_flags_exit_with_a_clear_error(capsys, argv, message):
-  assert main(["generate", *argv]) == 2
+    (["generate", "--drafter", "eagle"], "`speculax train --config configs/eagle_smollm2.py`"),
+    (["generate", "--heads", "runs/medusa-smollm2"], "are for the head drafters (medusa, "),
+    # serve-bench
+    (["serve-bench"], "the following arguments are required: prompts"),
+    (["serve-bench", "no-such-file.jsonl"], "prompt file 'no-such-file.jsonl' does not exist"),
+    (["serve-bench", "{bad_jsonl}"], 'bad_jsonl.jsonl:2: expected an object with a "prompt" string'),
+    (["serve-bench", "{not_json}"], "not_json.jsonl:1: not a JSON line"),
+    (["serve-bench", "{empty_txt}"], "empty.txt' holds no prompts"),
+    (["serve-bench", "{stream}", "--limit", "-1"], "argument --limit: must be an int >= 0, got -1"),
+    (["serve-bench", "{stream}", "--batch-size", "0"], "argument --batch-size: must be an int >= 1"),
+    (["serve-bench", "{stream}", "--temperature", "-0.5"], "temperature must be a finite number"),
+    (["serve-bench", "{stream}", "--online", "--drafter", "token-recycling"],
+     "--online trains a draft model (--drafter draft-model), not token-recycling"),
+    (["serve-bench", "{stream}", "--online", "--buffer-size", "0"],
+     "argument --buffer-size: must be an int >= 1, got 0"),
+    (["serve-bench", "{stream}", "--online", "--heldout-every", "1"],
+     "OnlineConfig.heldout_every must be 0 (off) or >= 2, got 1"),
+    (["serve-bench", "{stream}", "--online", "--lr", "0"],
+     "OnlineConfig.learning_rate must be a finite number > 0, got 0.0"),
+    (["serve-bench", "{stream}", "--divergence", "kl"], "argument --divergence: invalid choice"),
+    (["serve-bench", "{stream}", "--buffer-policy", "lru"], "argument --buffer-policy: invalid"),
+    # train
+    (["train"], "the following arguments are required: --config"),
+    (["train", "--config", "no-such-config.py"], "experiment config 'no-such-config.py' does not"),
+    (["train", "--config", "{syntax}"], "syntax.py:1: not valid Python: '(' was never closed"),
+    (["train", "--config", "{not_experiment}"],
+     "must define EXPERIMENT = DistillExperiment(...); it defines a int (3)"),
+    (["train", "--config", "{no_experiment}"], "it defines nothing"),
+    (["train", "--config", "{missing_field}"],
+     "missing_field.py: TypeError: DistillExperiment.__init__() missing 1 required positional "
+     "argument: 'name'"),
+    (["train", "--config", "{bad_value}"],
+     "bad_value.py: ValueError: DataConfig.rows must be an int >= 1, got 0"),
+    (["train", "--config", "{raises}"], "raises.py: ModuleNotFoundError: No module named"),
+    (["train", "--config", "configs/distill_smollm2.py", "--steps", "0"],
+     "argument --steps: must be an int >= 1, got 0"),
+]
+
+
+def _files(tmp_path) -> dict:
+  for name, text in FILES.values():
+    (tmp_path / name).write_text(text)
+  return {key: tmp_path / name for key, (name, _) in FILES.items()}
+
+
+@pytest.mark.parametrize("argv, message", MALFORMED,
+                         ids=[" ".join(a)[:60] or "no-command" for a, _ in MALFORMED])
+def test_malformed_input_exits_2_with_one_line(capsys, tmp_path, argv, message):
+  """Every subcommand: a bad flag, value or file gives exit status 2 and one line on stderr
+  (argparse's errors included: no usage block), never a traceback."""
+  files = _files(tmp_path)
+  argv = [a.format(**files) for a in argv]
+  try:
+    status = main(argv)
+  except SystemExit as e:  # argparse's own errors
+    status = e.code
   err = capsys.readouterr().err
-  assert message in err and "Traceback" not in err
+  assert status == 2, err
+  assert message in err, err
+  assert err.endswith("\n") and err.count("\n") == 1 and "Traceback" not in err, err
 
 
 @pytest.mark.slow
@@ -52,24 +133,6 @@ def test_train_overrides_either_trainers_budget(config):
   new = overridden(exp, steps=7, out_dir="elsewhere")
   assert new.distill.optim.total_steps == 7 and new.folder.parent.name == "elsewhere"
   assert type(new.distill) is type(exp.distill)
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["no-such-file.jsonl"], "prompt file 'no-such-file.jsonl' does not exist"),
-    (["{stream}", "--online", "--drafter", "token-recycling"],
-     "--online trains a draft model (--drafter draft-model), not token-recycling"),
-    (["{stream}", "--online", "--buffer-size", "0"], "buffer_size must be >= 1 row, got 0"),
-    (["{stream}", "--online", "--update-every", "0"], "update_every must be >= 1, got 0"),
-    (["{bad}"], "bad.jsonl:2: expected an object with a \"prompt\" string"),
-])
-def test_serve_bench_bad_input_exits_with_a_clear_error(capsys, tmp_path, argv, message):
-  stream, bad = tmp_path / "stream.jsonl", tmp_path / "bad.jsonl"
-  stream.write_text('{"prompt": "hi"}\n')
-  bad.write_text('{"prompt": "hi"}\n{"text": "no prompt key"}\n')
-  argv = [a.format(stream=stream, bad=bad) for a in argv]
-  assert main(["serve-bench", *argv]) == 2
-  err = capsys.readouterr().err
-  assert message in err and "Traceback" not in err
 
 
 @pytest.mark.slow

@@ -138,13 +138,14 @@ def test_on_policy_rows_come_from_the_drafter(setup, tmp_path):
 
 
 def test_bad_training_config():
-  with pytest.raises(ValueError, match="unknown divergence 'kl-ish'"):
+  with pytest.raises(ValueError, match="DistillConfig.divergence must be one of 'fkl', .*, got 'kl-ish'"):
     DistillConfig(divergence="kl-ish")
-  with pytest.raises(ValueError, match="learning_rate must be a positive number, got -0.001"):
+  with pytest.raises(ValueError, match="OptimConfig.learning_rate must be a finite number > 0, got -0.001"):
     OptimConfig(learning_rate=-1e-3)
   with pytest.raises(ValueError, match=r"warmup_steps must be in \[0, total_steps=5\), got 5"):
     OptimConfig(warmup_steps=5, total_steps=5)
-  with pytest.raises(ValueError, match="on_policy_fraction must be in"):
+  with pytest.raises(ValueError, match="DistillConfig.on_policy_fraction must be a finite number "
+                                       ">= 0 and <= 1, got 1.5"):
     DistillConfig(on_policy_fraction=1.5)
 
 

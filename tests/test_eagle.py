@@ -152,7 +152,7 @@ def test_untrained_acceptance_head_is_the_drafts_confidence(tiny):
 def test_bad_eagle_input(tiny):
   cfg, params = tiny
   for bad in (0.0, 1.0, -0.2, 1.5):
-    with pytest.raises(ValueError, match=f"acceptance threshold\\) must be in \\(0, 1\\), got {bad}"):
+    with pytest.raises(ValueError, match=f"Eagle.stop_threshold must be a finite number > 0 and < 1 or None, got {bad}"):
       Eagle(stop_threshold=bad)
   with pytest.raises(ValueError, match="applies to chains"):
     Eagle(stop_threshold=0.5, tree=StaticTree.full((2,)))

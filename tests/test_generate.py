@@ -102,9 +102,9 @@ def test_bad_generate_input(tiny, bad, match):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(temperature=-0.5), "temperature must be a finite number >= 0, got -0.5"),
     (dict(temperature=float("nan")), "temperature"),
-    (dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
+    (dict(top_p=0.0), r"SamplingConfig.top_p must be a finite number > 0 and <= 1, got 0.0"),
     (dict(top_p=1.5), "got 1.5"),
-    (dict(top_k=-1), "top_k must be >= 0"),
+    (dict(top_k=-1), "SamplingConfig.top_k must be an int >= 0, got -1"),
 ])
 def test_bad_sampling_settings(kwargs, match):
   with pytest.raises(ValueError, match=match):

@@ -174,7 +174,7 @@ def test_bad_hydra_input(tiny):
                          drafter_params=Hydra(4).init_params(cfg))
   with pytest.raises(ValueError, match="needs its head params"):
     speculative_generate(params, cfg, [[1, 2]], Hydra(4), SpecConfig(k=3))
-  with pytest.raises(ValueError, match="n_heads >= 1, got 0"):
+  with pytest.raises(ValueError, match="Hydra.n_heads must be an int >= 1, got 0"):
     Hydra(0)
-  with pytest.raises(ValueError, match="mlp_layers >= 1, got 0"):
+  with pytest.raises(ValueError, match="Hydra.mlp_layers must be an int >= 1, got 0"):
     Hydra(mlp_layers=0)

@@ -59,7 +59,7 @@ def test_bad_medusa_input(tiny):
   with pytest.raises(ValueError, match="k 5 needs 5 heads, but the drafter has 4"):
     speculative_generate(params, cfg, [[1, 2]], Medusa(4), SpecConfig(k=5),
                          drafter_params=_random_heads(cfg))
-  with pytest.raises(ValueError, match="Medusa heads draft a static tree"):
+  with pytest.raises(ValueError, match="Medusa.tree must be a StaticTree or None, got DynamicTree"):
     speculative_generate(params, cfg, [[1, 2]], Medusa(4, DynamicTree(2, 2, 2)),
                          drafter_params=_random_heads(cfg))
   other = get_preset("tiny-untied-llama3")

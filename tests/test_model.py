@@ -110,5 +110,5 @@ def test_bad_configs_and_presets():
     get_preset("llama-9000")
   with pytest.raises(ValueError, match="n_heads=6 is not a multiple of n_kv_heads=4"):
     LlamaConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=6, n_kv_heads=4, head_dim=4, d_ff=8)
-  with pytest.raises(ValueError, match="d_model must be >= 1"):
+  with pytest.raises(ValueError, match="LlamaConfig.d_model must be an int >= 1, got 0"):
     LlamaConfig(vocab_size=8, d_model=0, n_layers=1, n_heads=1, n_kv_heads=1, head_dim=4, d_ff=8)

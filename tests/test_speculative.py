@@ -83,7 +83,7 @@ def test_sharded_equals_unsharded(tiny, draft, tiny_reference, name):
 
 def test_bad_speculative_input(tiny, draft):
   cfg, params = tiny
-  with pytest.raises(ValueError, match="k \\(draft tokens per step\\) must be >= 1, got 0"):
+  with pytest.raises(ValueError, match="SpecConfig.k must be an int >= 1, got 0"):
     SpecConfig(k=0)
   with pytest.raises(ValueError, match="\\+ 41 draft slots = 258 exceeds the model's max_seq_len 256"):
     speculative_generate(params, cfg, [[1] * 17], PromptLookup(), SpecConfig(k=40, max_new_tokens=200))

@@ -29,6 +29,7 @@ from drafters.hydra import Hydra
 from drafters.medusa import Medusa
 from models import llama
 from test_hydra import random_params
+from test_robustness import Faulty
 
 V = 12
 CFG = LlamaConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16,
@@ -112,6 +113,19 @@ def test_first_and_second_tokens_follow_target(models, sampling, drafter):
   first, second = _run(target, dparams, sampling, seed=0, drafter=DRAFTERS[drafter])
   assert _tv(first, p1) < BOUND and _tv(second, p2) < BOUND
   assert np.all(p1[first] > 0) and np.all(p2[second] > 0)  # nothing outside top-p
+
+
+@pytest.mark.parametrize("drafter", [Faulty(DraftModel(CFG), (1,)),
+                                     Faulty(DraftModel(CFG, StaticTree.full((3, 2))), (1, 4))],
+                         ids=["chain", "static-tree"])
+def test_out_of_vocab_drafts_keep_the_target_law(models, drafter):
+  """Draft 1 of the chain (nodes 2 and 5 of the tree) are ids outside the vocabulary: the
+  verifier stops there and the law is still the target's."""
+  target, draft = models
+  sampling = SamplingConfig(temperature=1.0)
+  p1, p2 = _exact(target, sampling)
+  first, second = _run(target, draft, sampling, seed=0, drafter=drafter)
+  assert _tv(first, p1) < BOUND and _tv(second, p2) < BOUND
 
 
 def test_planted_verifier_without_residual_fails(models, monkeypatch):

@@ -141,7 +141,7 @@ def _valid_inputs(b=2, t=3, kh=2, g=2, dq=8, s=32):
 
 @pytest.mark.parametrize("block_kv, match", [
     (12, "block_kv=12 does not divide the cache length s=32"),
-    (0, "block_kv=0 must be >= 1"),
+    (0, "BlockSizes.block_kv must be an int >= 1, got 0"),
 ])
 def test_bad_block_size(block_kv, match):
   with pytest.raises(ValueError, match=match):

@@ -86,7 +86,7 @@ def test_bad_tree_input(tiny):
     StaticTree(((0,), (1, 0)))
   with pytest.raises(ValueError, match=r"tree choice \(2,\) has no elder sibling \(1,\)"):
     StaticTree(((0,), (2,)))
-  with pytest.raises(ValueError, match="DynamicTree width must be >= 1, got 0"):
+  with pytest.raises(ValueError, match="DynamicTree.width must be an int >= 1, got 0"):
     DynamicTree(width=0)
   with pytest.raises(ValueError, match="token-recycling matrix must have shape"):
     speculative_generate(params, cfg, [[1, 2]], TokenRecycling(),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Literal
 
 import flax.struct
 import jax
@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from configs.models import LlamaConfig
+from core.fields import Checked, field
 from models import llama
 from train import losses
 from train.optim import OptimConfig, make_optimizer
@@ -24,25 +25,21 @@ CE = "ce"  # plain next-token cross-entropy on the (target-generated) tokens: th
 
 
 @dataclasses.dataclass(frozen=True)
-class DistillConfig:
-  divergence: str = "fkl"  # one of losses.DIVERGENCES, or "ce"
+class DistillConfig(Checked):
+  divergence: losses.Divergence | Literal["ce"] = "fkl"  # "ce": on the target's tokens
   divergence_options: tuple[tuple[str, float], ...] = ()  # e.g. (("beta", 0.1),) for jsd
-  batch_size: int = 8
+  batch_size: int = field(8, ge=1)
   optim: OptimConfig = OptimConfig()
   mixed_precision: bool = False  # bf16 compute, fp32 master params and optimizer state
-  on_policy_fraction: float = 0.0  # share of each batch's rows sampled by the current drafter
-  on_policy_prefix: int = 16  # tokens of a data row kept as the prompt of an on-policy sample
-  seed: int = 0
+  # Share of each batch's rows sampled by the current drafter.
+  on_policy_fraction: float = field(0.0, ge=0, le=1)
+  on_policy_prefix: int = field(16, ge=1)  # tokens of a data row kept as an on-policy prompt
+  seed: int = field(0, ge=0)
 
   def __post_init__(self):
+    super().__post_init__()
     if self.divergence != CE:
-      self.loss_fn()  # raises ValueError naming an unknown divergence or option
-    if self.batch_size < 1:
-      raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-    if not 0 <= self.on_policy_fraction <= 1:
-      raise ValueError(f"on_policy_fraction must be in [0, 1], got {self.on_policy_fraction}")
-    if self.on_policy_prefix < 1:
-      raise ValueError(f"on_policy_prefix must be >= 1, got {self.on_policy_prefix}")
+      self.loss_fn()  # raises ValueError naming an unknown divergence option
 
   def loss_fn(self):
     return losses.get_divergence(self.divergence, **dict(self.divergence_options))

@@ -21,6 +21,7 @@ import numpy as np
 
 from configs.meshes import MeshConfig
 from configs.models import LlamaConfig
+from core.fields import Checked, field
 from drafters.heads_io import save_head_drafter
 from models.derive import truncated
 from models.load import LoadedModel, load
@@ -34,29 +35,29 @@ from train.teacher_cache import build_teacher_cache
 
 
 @dataclasses.dataclass(frozen=True)
-class DataConfig:
-  files: int | None = 300  # stdlib source files to read (None: all)
-  seq_len: int = 256
-  rows: int = 512  # training rows of seq_len tokens
-  heldout_rows: int = 32  # rows from held-out files, for the acceptance estimate
-  heldout_fraction: float = 0.1
-  top_k: int = 32  # teacher log-probs kept per position
+class DataConfig(Checked):
+  files: int | None = field(300, ge=1)  # stdlib source files to read (None: all)
+  seq_len: int = field(256, ge=2)
+  rows: int = field(512, ge=1)  # training rows of seq_len tokens
+  heldout_rows: int = field(32, ge=1)  # rows from held-out files, for the acceptance estimate
+  heldout_fraction: float = field(0.1, gt=0, lt=1)
+  top_k: int = field(32, ge=1)  # teacher log-probs kept per position
 
 
 @dataclasses.dataclass(frozen=True)
-class DistillExperiment:
+class DistillExperiment(Checked):
   name: str
   target: str = "smollm2-135m"
   # Target layers the draft model starts from (DistillConfig only).
-  draft_layers: tuple[int, ...] = (0, 6, 12, 18, 24, 29)
+  draft_layers: tuple[int, ...] = field((0, 6, 12, 18, 24, 29), ge=0)
   data: DataConfig = DataConfig()
   distill: DistillConfig | HeadsConfig = DistillConfig()
   out_dir: str = "runs"
   teacher_dir: str | None = None  # shared teacher caches (same target + data); default: own folder
-  checkpoint_every: int = 50
-  keep: int = 2
-  log_every: int = 10
-  eval_every: int = 50
+  checkpoint_every: int = field(50, ge=1)
+  keep: int = field(2, ge=1)
+  log_every: int = field(10, ge=1)
+  eval_every: int = field(50, ge=1)
   mesh: MeshConfig | None = None
 
   @property

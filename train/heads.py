@@ -27,27 +27,28 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from core.fields import Checked, field
 from train import losses
 from train.optim import OptimConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadsConfig:
+class HeadsConfig(Checked):
   drafter: Any = None  # a head drafter (drafters.medusa.Medusa, hydra.Hydra, eagle.Eagle)
-  divergence: str = "fkl"  # one of losses.DIVERGENCES
+  divergence: losses.Divergence = "fkl"
   divergence_options: tuple[tuple[str, float], ...] = ()
-  acceptance_weight: float = 1.0  # weight of the acceptance head's loss, when it has one
-  batch_size: int = 8
+  # Weight of the acceptance head's loss, when it has one.
+  acceptance_weight: float = field(1.0, ge=0)
+  batch_size: int = field(8, ge=1)
   optim: OptimConfig = OptimConfig()
-  seed: int = 0
+  seed: int = field(0, ge=0)
 
   def __post_init__(self):
+    super().__post_init__()
     if not hasattr(self.drafter, "train_outputs"):
       raise ValueError(f"HeadsConfig.drafter must be a head drafter (Medusa, Hydra, Eagle), "
                        f"got {self.drafter!r}")
-    if self.batch_size < 1:
-      raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-    losses.get_divergence(self.divergence, **dict(self.divergence_options))  # names a bad one
+    losses.get_divergence(self.divergence, **dict(self.divergence_options))  # names a bad option
 
   @property
   def steps(self) -> int:

@@ -86,6 +86,8 @@ def fit(state: TrainState, config: LlamaConfig, cfg, tokens: np.ndarray, teacher
   cfg: DistillConfig or HeadsConfig; frozen: what the objective reads but never trains (a head
   drafter's target params), passed to train_step as is.
   """
+  if mesh is not None:
+    mesh.check_batch(cfg.batch_size, f"{type(cfg).__name__}.batch_size")
   m = None if mesh is None else make_mesh(mesh)
   place = (lambda v: jnp.asarray(v)) if m is None else (
       lambda v: jax.device_put(v, sharding.batch_sharding(m, mesh.rules, np.ndim(v))))

@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from typing import Callable
+from typing import Callable, Literal
 
 import jax
 import jax.numpy as jnp
@@ -290,6 +290,8 @@ def _tvd_plus_plus_entry(teacher_logp, student_logits, mask, *, key=None, n_samp
   return tvd_plus_plus(teacher_logp, student_logits, mask, key=key, n_samples=n_samples,
                        normalize=normalize)
 
+
+Divergence = Literal["fkl", "rkl", "jsd", "tvd", "tvd++"]  # the registry's names
 
 DIVERGENCES: dict[str, Callable[..., jax.Array]] = {
     "fkl": _keyless(forward_kl),

@@ -18,51 +18,46 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from configs.models import LlamaConfig
+from core.fields import Checked, field
+from train.losses import Divergence
 from train.checkpoints import Checkpointer
 from train.distill import DistillConfig, eval_metrics, init_state, train_step
 from train.optim import OptimConfig
-from train.replay import POLICIES, ReplayBuffer
+from train.replay import Policy, ReplayBuffer
 
 
 @dataclasses.dataclass(frozen=True)
-class OnlineConfig:
-  divergence: str = "fkl"  # any of train.losses.DIVERGENCES, or "ce"
+class OnlineConfig(Checked):
+  divergence: Divergence | Literal["ce"] = "fkl"
   divergence_options: tuple[tuple[str, float], ...] = ()
-  update_every: int = 8  # served requests between update rounds
-  min_positions: int = 32  # recorded positions the buffer must hold before a round
-  steps: int = 4  # optimizer updates per round
-  batch_size: int = 4  # buffer rows per update
-  learning_rate: float = 1e-4  # constant: serving has no last step
-  buffer_size: int = 64  # rows (served requests) the replay buffer holds
-  buffer_policy: str = "fifo"  # or "reservoir"
-  seq_len: int = 256  # tokens kept per row (the latest)
-  top_k: int = 32  # target log-probs kept per recorded position
+  update_every: int = field(8, ge=1)  # served requests between update rounds
+  min_positions: int = field(32, ge=1)  # recorded positions the buffer must hold before a round
+  steps: int = field(4, ge=1)  # optimizer updates per round
+  batch_size: int = field(4, ge=1)  # buffer rows per update
+  learning_rate: float = field(1e-4, gt=0)  # constant: serving has no last step
+  buffer_size: int = field(64, ge=1)  # rows (served requests) the replay buffer holds
+  buffer_policy: Policy = "fifo"
+  seq_len: int = field(256, ge=2)  # tokens kept per row (the latest)
+  top_k: int = field(32, ge=1)  # target log-probs kept per recorded position
   all_positions: bool = False  # record every emitted token, not only where a draft was rejected
-  heldout_every: int = 8  # every n-th request goes to the held-out slice; 0: no rollback check
-  heldout_size: int = 8  # rows in the held-out slice (FIFO: the latest traffic)
-  rollback_tolerance: float = 0.005  # roll back when held-out acceptance drops by more
-  seed: int = 0
+  heldout_every: int = field(8, ge=0)  # every n-th request to the held-out slice; 0: no rollback
+  heldout_size: int = field(8, ge=1)  # rows in the held-out slice (FIFO: the latest traffic)
+  rollback_tolerance: float = field(0.005, ge=0)  # roll back when held-out acceptance drops more
+  seed: int = field(0, ge=0)
 
   def __post_init__(self):
-    for name in ("update_every", "steps", "batch_size", "min_positions", "heldout_size"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"online {name} must be >= 1, got {getattr(self, name)}")
-    if self.buffer_size < 1:
-      raise ValueError(f"online buffer_size must be >= 1 row, got {self.buffer_size}")
-    if self.buffer_policy not in POLICIES:
-      raise ValueError(f"online buffer_policy must be one of {POLICIES}, "
-                       f"got {self.buffer_policy!r}")
-    if self.heldout_every < 0 or self.heldout_every == 1:
-      raise ValueError(f"online heldout_every must be 0 (off) or >= 2, got {self.heldout_every}")
-    if self.rollback_tolerance < 0:
-      raise ValueError(f"rollback_tolerance must be >= 0, got {self.rollback_tolerance}")
-    self.distill()  # raises ValueError naming an unknown divergence or option
+    super().__post_init__()
+    if self.heldout_every == 1:
+      raise ValueError(f"OnlineConfig.heldout_every must be 0 (off) or >= 2, got "
+                       f"{self.heldout_every}")
+    self.distill()  # raises ValueError naming an unknown divergence option
 
   def distill(self) -> DistillConfig:
     optim = OptimConfig(learning_rate=self.learning_rate, warmup_steps=0, total_steps=1,

@@ -2,33 +2,27 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import optax
 
+from core.fields import Checked, field
+
 
 @dataclasses.dataclass(frozen=True)
-class OptimConfig:
-  learning_rate: float = 3e-4
-  warmup_steps: int = 20
-  total_steps: int = 200  # optimizer updates; the cosine decays to 0 over them
-  weight_decay: float = 0.0
-  grad_clip: float = 1.0  # global-norm clipping; 0 disables it
-  accum_steps: int = 1  # micro-batches per update (gradient accumulation)
+class OptimConfig(Checked):
+  learning_rate: float = field(3e-4, gt=0)
+  warmup_steps: int = field(20, ge=0)
+  total_steps: int = field(200, ge=1)  # optimizer updates; the cosine decays to 0 over them
+  weight_decay: float = field(0.0, ge=0)
+  grad_clip: float = field(1.0, ge=0)  # global-norm clipping; 0 disables it
+  accum_steps: int = field(1, ge=1)  # micro-batches per update (gradient accumulation)
   decay: bool = True  # False: constant after warmup (online adaptation has no last step)
 
   def __post_init__(self):
-    if not math.isfinite(self.learning_rate) or self.learning_rate <= 0:
-      raise ValueError(f"learning_rate must be a positive number, got {self.learning_rate}")
-    for name in ("total_steps", "accum_steps"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-    if not 0 <= self.warmup_steps < self.total_steps:  # the cosine needs >= 1 decay step
-      raise ValueError(f"warmup_steps must be in [0, total_steps={self.total_steps}), "
+    super().__post_init__()
+    if self.warmup_steps >= self.total_steps:  # the cosine needs >= 1 decay step
+      raise ValueError(f"OptimConfig.warmup_steps must be in [0, total_steps={self.total_steps}), "
                        f"got {self.warmup_steps}")
-    if self.weight_decay < 0 or self.grad_clip < 0:
-      raise ValueError(f"weight_decay and grad_clip must be >= 0, got {self.weight_decay}, "
-                       f"{self.grad_clip}")
 
   def with_total_steps(self, total_steps: int) -> OptimConfig:
     """The same settings over another budget (warmup shortened if it would not fit)."""

@@ -12,9 +12,12 @@ Dims: c capacity, t seq_len, K top-k.
 """
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import numpy as np
 
-POLICIES = ("fifo", "reservoir")
+Policy = Literal["fifo", "reservoir"]
+POLICIES = get_args(Policy)
 
 
 class ReplayBuffer:

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from core.fields import Checked, field
 from models.attention import attention, prefix_block_mask
 
 _NEG = -0.7 * float(jnp.finfo(jnp.float32).max)  # hidden score: finite, exp(_NEG - m) == 0
@@ -46,8 +47,8 @@ _MIN_TILE = 16  # smallest tile dim the Triton dot accepts
 
 
 @dataclasses.dataclass(frozen=True)
-class BlockSizes:
-  block_kv: int = 128  # cache slots per online-softmax step; must divide s
+class BlockSizes(Checked):
+  block_kv: int = field(128, ge=1)  # cache slots per online-softmax step; must divide s
 
 
 def _tile(n: int) -> int:

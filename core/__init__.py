@@ -1,0 +1,1 @@
+"""Shared types and math below every other layer: checked config fields, ..."""

@@ -1,0 +1,151 @@
+"""Every field of every public config refuses a wrong type, a value just past its range and an
+absurd value with a ValueError that names the field and the value (core/fields.py).
+
+BAD holds, for each field of each config, the values to try; a field missing from it fails
+`test_every_field_has_bad_values`, so a new field cannot skip this test.
+"""
+import dataclasses
+import math
+
+import pytest
+
+from configs.meshes import MeshConfig
+from configs.models import LlamaConfig, RopeScaling, get_preset
+from decode.generate import GenerateConfig
+from decode.recording import Recording
+from decode.sampling import SamplingConfig
+from decode.speculative import SpecConfig
+from decode.trees import DynamicTree, StaticTree
+from drafters.draft_model import DraftModel
+from drafters.eagle import Eagle
+from drafters.hydra import Hydra
+from drafters.layer_skip import LayerSkip
+from drafters.medusa import Medusa
+from drafters.prompt_lookup import PromptLookup
+from drafters.token_recycling import TokenRecycling
+from models.kernels.tree_attention import BlockSizes
+from train.distill import DistillConfig
+from train.experiment import DataConfig, DistillExperiment
+from train.heads import HeadsConfig
+from train.online import OnlineConfig
+from train.optim import OptimConfig
+
+TINY = get_preset("tiny")
+NAN, INF = math.nan, math.inf
+
+# One valid instance of each public config; each bad value replaces one field of it.
+VALID = [SamplingConfig(), GenerateConfig(), SpecConfig(), StaticTree(((0,), (1,))),
+         DynamicTree(), PromptLookup(), LayerSkip((0, 1)), DraftModel(TINY), TokenRecycling(),
+         Medusa(), Hydra(), Eagle(), Recording(PromptLookup()), OptimConfig(), DistillConfig(),
+         HeadsConfig(Medusa()), DataConfig(), DistillExperiment("run"), OnlineConfig(),
+         MeshConfig(), TINY, RopeScaling(), BlockSizes()]
+
+
+def ints(lo):  # wrong types, the first value below the range, absurd
+  return (2.5, True, "3", lo - 1, -10**12)
+
+
+def numbers(boundary):
+  return ("0.5", None, boundary, NAN, -INF)
+
+
+BOOL = (1, "yes", None)
+TREE = ("full:3,2", (0, 1), 3)  # a tree field takes a StaticTree / DynamicTree (or None)
+DIVERGENCE_OPTIONS = ([("beta", 0.5)], (("beta", "high"),), "beta=0.5")
+
+BAD = {
+    SamplingConfig: {"temperature": numbers(-1e-9), "top_k": ints(0),
+                     "top_p": ("0.9", 0.0, 1.0000001, NAN)},
+    GenerateConfig: {"max_new_tokens": ints(1), "sampling": ("greedy", None, 0.7),
+                     "eos_ids": ([2], (-1,), (2.0,)), "prompt_bucket": ints(1)},
+    SpecConfig: {"k": ints(1)},  # and GenerateConfig's fields, inherited
+    StaticTree: {"choices": ("0,1", ((-1,),), (), ((0,), (0, 2.5)))},
+    DynamicTree: {"width": ints(1), "depth": ints(1), "children": ints(1)},
+    PromptLookup: {"max_ngram": ints(1), "min_ngram": ints(1) + (4,)},  # 4 > max_ngram 3
+    LayerSkip: {"keep": ([0], (-1,), (0.5,)), "tree": TREE},
+    DraftModel: {"config": (None, "tiny", 3), "tree": TREE},
+    TokenRecycling: {"tree": (None, DynamicTree(), "template")},
+    Medusa: {"n_heads": ints(1), "tree": TREE + (DynamicTree(),)},  # Medusa: static trees only
+    Hydra: {"n_heads": ints(1), "tree": TREE, "prefix_attention": BOOL, "mlp_layers": ints(1)},
+    Eagle: {"feature_layers": ([-1], (), ("last",)), "ttt_steps": ints(1),
+            "feature_weight": numbers(-0.1), "tree": TREE,
+            "stop_threshold": ("0.5", 0.0, 1.0, NAN)},
+    Recording: {"drafter": (None, "prompt-lookup", 3), "top_k": ints(1),
+                "all_positions": BOOL},
+    OptimConfig: {"learning_rate": numbers(0.0), "warmup_steps": ints(0) + (200,),
+                  "total_steps": ints(1), "weight_decay": numbers(-1e-9),
+                  "grad_clip": numbers(-1e-9), "accum_steps": ints(1), "decay": BOOL},
+    DistillConfig: {"divergence": (1, "", "kl"), "divergence_options": DIVERGENCE_OPTIONS,
+                    "batch_size": ints(1), "optim": ("adamw", None, 3e-4),
+                    "mixed_precision": BOOL, "on_policy_fraction": ("half", -0.01, 1.01, NAN),
+                    "on_policy_prefix": ints(1), "seed": ints(0)},
+    HeadsConfig: {"drafter": (None, PromptLookup(), "medusa"), "divergence": (1, "ce", "kl"),
+                  "divergence_options": DIVERGENCE_OPTIONS,
+                  "acceptance_weight": numbers(-1e-9), "batch_size": ints(1),
+                  "optim": ("adamw", None, 3e-4), "seed": ints(0)},
+    DataConfig: {"files": ints(1), "seq_len": ints(2), "rows": ints(1), "heldout_rows": ints(1),
+                 "heldout_fraction": ("0.1", 0.0, 1.0, NAN), "top_k": ints(1)},
+    DistillExperiment: {"name": (None, "", 3), "target": (None, "", 3),
+                        "draft_layers": ([0, 6], (-1,), (0.5,)),
+                        "data": ("stdlib", None, {"rows": 8}),
+                        "distill": ("fkl", None, OptimConfig()), "out_dir": (None, "", 3),
+                        "teacher_dir": ("", " ", 3), "checkpoint_every": ints(1),
+                        "keep": ints(1), "log_every": ints(1), "eval_every": ints(1),
+                        "mesh": ("2,2,2", (2, 2, 2), 4)},
+    OnlineConfig: {"divergence": (1, "", "kl"), "divergence_options": DIVERGENCE_OPTIONS,
+                   "update_every": ints(1), "min_positions": ints(1), "steps": ints(1),
+                   "batch_size": ints(1), "learning_rate": numbers(0.0),
+                   "buffer_size": ints(1), "buffer_policy": (1, "", "lru"),
+                   "seq_len": ints(2), "top_k": ints(1), "all_positions": BOOL,
+                   "heldout_every": ints(0) + (1,), "heldout_size": ints(1),
+                   "rollback_tolerance": numbers(-1e-9), "seed": ints(0)},
+    MeshConfig: {"data": ints(1), "fsdp": ints(1), "tensor": ints(1),
+                 "rules": ("rules", [("batch", "data")], ((1, 2),))},
+    LlamaConfig: {**{name: ints(1) for name in ("vocab_size", "d_model", "n_layers", "n_heads",
+                                                "n_kv_heads", "head_dim", "d_ff", "max_seq_len",
+                                                "attention_block_kv")},
+                  "rope_theta": numbers(0.0), "rope_scaling": ("llama3", 8.0, {}),
+                  "norm_eps": numbers(0.0), "tie_embeddings": BOOL,
+                  "dtype": (32, "", "float8"), "param_dtype": (32, "", "bf16"),
+                  "attention_impl": (1, "", "flash")},
+    RopeScaling: {"factor": numbers(0.0), "low_freq_factor": numbers(0.0),
+                  "high_freq_factor": numbers(0.0), "original_max_position": ints(1)},
+    BlockSizes: {"block_kv": ints(1)},
+}
+
+
+
+def bad_values(cls) -> dict:
+  """BAD's entries for cls and the configs it inherits fields from."""
+  return {name: values for base in reversed(cls.__mro__) for name, values in
+          BAD.get(base, {}).items()}
+
+
+CASES = [(type(c), name, bad) for c in VALID for name, values in bad_values(type(c)).items()
+         for bad in values]
+
+
+def test_every_field_has_bad_values():
+  assert {type(c) for c in VALID} == set(BAD)
+  for config in VALID:
+    fields = {f.name for f in dataclasses.fields(config)}
+    assert set(bad_values(type(config))) == fields, type(config).__name__
+    for name, values in bad_values(type(config)).items():
+      assert len(values) >= 3, (type(config).__name__, name)
+
+
+@pytest.mark.parametrize("cls, name, bad", CASES,
+                         ids=[f"{c.__name__}.{n}={b!r}" for c, n, b in CASES])
+def test_bad_value_names_the_field_and_the_value(cls, name, bad):
+  valid = next(c for c in VALID if type(c) is cls)
+  with pytest.raises(ValueError) as e:
+    dataclasses.replace(valid, **{name: bad})
+  message = str(e.value)
+  assert f"{cls.__name__}.{name}" in message or f"{name}=" in message, message
+  assert repr(bad) in message or str(bad) in message, message
+
+
+def test_valid_configs_build_and_hash():
+  for config in VALID:
+    assert dataclasses.replace(config) == config
+    hash(config)  # static jit arguments must hash
