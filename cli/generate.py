@@ -7,13 +7,13 @@ import time
 
 import jax
 
-from cli.args import count
-from configs.meshes import MeshConfig
-from decode.generate import GenerateConfig, generate
-from decode.sampling import SamplingConfig
-from decode.speculative import SpecConfig, speculative_generate
-from decode.trees import parse_tree
-from drafters import registry
+from speculax.cli.args import count
+from speculax.models.sharding import MeshConfig
+from speculax.decode.generate import GenerateConfig, generate
+from speculax.core.sampling import SamplingConfig
+from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.core.trees import parse_tree
+from speculax.drafters import registry
 
 DEFAULT_HUMANEVAL = 4
 
@@ -75,8 +75,8 @@ def _mesh(text: str | None) -> MeshConfig | None:
 
 
 def run(args) -> int:
-  from models.assets import humaneval_prompts
-  from models.load import load
+  from speculax.models.assets import humaneval_prompts
+  from speculax.models.load import load
 
   sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
   mesh, tree = _mesh(args.mesh), parse_tree(args.tree)
@@ -115,7 +115,7 @@ def _drafter(args, model, load, tree):
   skip = None if args.skip is None else _ints(args.skip, "--skip")
   calibration = None
   if args.drafter == "layer-skip" and skip is None:
-    from models.assets import humaneval_prompts
+    from speculax.models.assets import humaneval_prompts
     tok = model.tokenizer
     calibration = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(4)]
   draft = None

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import sys
 
-from cli import generate, serve_bench, train
-from cli.args import Parser, fail
+from speculax.cli import generate
+from speculax.cli import serve_bench
+from speculax.cli import train
+from speculax.cli.args import Parser, fail
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,14 +16,14 @@ import time
 import jax
 import numpy as np
 
-from cli.args import count
-from decode.sampling import SamplingConfig
-from decode.serve import BatchReport, serve
-from decode.speculative import SpecConfig
-from drafters import registry
-from train.losses import DIVERGENCES
-from train.online import OnlineConfig, OnlineLearner
-from train.replay import POLICIES
+from speculax.cli.args import count
+from speculax.core.sampling import SamplingConfig
+from speculax.serve.loop import BatchReport, serve
+from speculax.decode.speculative import SpecConfig
+from speculax.drafters import registry
+from speculax.train.losses import DIVERGENCES
+from speculax.serve.online import OnlineConfig, OnlineLearner
+from speculax.serve.replay import POLICIES
 
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -146,7 +146,7 @@ def _line(label: str, rows, report: BatchReport, elapsed: float) -> str:
 
 
 def run(args) -> int:
-  from models.load import load
+  from speculax.models.load import load
 
   items = read_stream(args.prompts)[:args.limit or None]
   if args.online and args.drafter != "draft-model":

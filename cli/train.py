@@ -6,7 +6,7 @@ import dataclasses
 import pathlib
 import runpy
 
-from cli.args import count
+from speculax.cli.args import count
 
 
 def add_parser(sub) -> None:
@@ -28,7 +28,7 @@ def load_experiment(path: str):
   """The DistillExperiment a config file defines as EXPERIMENT. A file that does not parse, fails
   while it runs (a config value out of range, a field that does not exist, a missing import) or
   holds something else raises ValueError naming the file and the problem."""
-  from train.experiment import DistillExperiment
+  from speculax.train.experiment import DistillExperiment
   file = pathlib.Path(path)
   if not file.is_file():
     raise FileNotFoundError(f"experiment config {path!r} does not exist")
@@ -56,8 +56,8 @@ def overridden(exp, *, steps: int | None = None, out_dir: str | None = None):
 
 
 def run(args) -> int:
-  from drafters.heads_io import kind_of
-  from train.experiment import run as run_experiment
+  from speculax.drafters.heads_io import kind_of
+  from speculax.train.experiment import run as run_experiment
   exp = overridden(load_experiment(args.config), steps=args.steps, out_dir=args.out_dir)
   result = run_experiment(exp)
   print(f"{exp.name}: held-out acceptance (1 - TV) {result['heldout_acceptance_before']:.3f} -> "

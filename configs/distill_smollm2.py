@@ -1,7 +1,7 @@
 """Distill a 6-layer draft (cut from SmolLM2-135M's layers) with forward KL on stdlib code."""
-from train.distill import DistillConfig
-from train.experiment import DataConfig, DistillExperiment
-from train.optim import OptimConfig
+from speculax.train.distill import DistillConfig
+from speculax.train.experiment import DataConfig, DistillExperiment
+from speculax.train.optim import OptimConfig
 
 EXPERIMENT = DistillExperiment(
     name="distill-smollm2-fkl",

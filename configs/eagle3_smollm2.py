@@ -2,9 +2,9 @@
 training-time-test rollouts on the drafter's own features. Output in runs/eagle3-smollm2."""
 import dataclasses
 
-from drafters.eagle import Eagle
+from speculax.drafters.eagle import Eagle
 
-from configs.eagle_smollm2 import EXPERIMENT as EAGLE
+from speculax.configs.eagle_smollm2 import EXPERIMENT as EAGLE
 
 EXPERIMENT = dataclasses.replace(
     EAGLE, name="eagle3-smollm2",

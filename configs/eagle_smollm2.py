@@ -6,10 +6,10 @@ head trains alongside. Ends with drafter.json + drafter_params in runs/eagle-smo
 """
 import dataclasses
 
-from drafters.eagle import Eagle
-from train.heads import HeadsConfig
+from speculax.drafters.eagle import Eagle
+from speculax.train.heads import HeadsConfig
 
-from configs.medusa_smollm2 import EXPERIMENT as MEDUSA
+from speculax.configs.medusa_smollm2 import EXPERIMENT as MEDUSA
 
 EXPERIMENT = dataclasses.replace(
     MEDUSA, name="eagle-smollm2",

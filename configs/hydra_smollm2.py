@@ -5,9 +5,9 @@ log-probs (the teacher-distillation objective). Output in runs/hydra-smollm2, fo
 """
 import dataclasses
 
-from drafters.hydra import Hydra
+from speculax.drafters.hydra import Hydra
 
-from configs.medusa_smollm2 import EXPERIMENT as MEDUSA
+from speculax.configs.medusa_smollm2 import EXPERIMENT as MEDUSA
 
 EXPERIMENT = dataclasses.replace(
     MEDUSA, name="hydra-smollm2",

@@ -4,10 +4,10 @@ The heads read the target's final-normed features from the teacher cache, so tra
 runs the target; the run ends with drafter.json + drafter_params in runs/medusa-smollm2, for
 `speculax generate --drafter medusa --heads runs/medusa-smollm2 -k 4 [--tree full:3,2,1]`.
 """
-from drafters.medusa import Medusa
-from train.experiment import DataConfig, DistillExperiment
-from train.heads import HeadsConfig
-from train.optim import OptimConfig
+from speculax.drafters.medusa import Medusa
+from speculax.train.experiment import DataConfig, DistillExperiment
+from speculax.train.heads import HeadsConfig
+from speculax.train.optim import OptimConfig
 
 EXPERIMENT = DistillExperiment(
     name="medusa-smollm2",

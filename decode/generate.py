@@ -14,14 +14,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs.meshes import MeshConfig, make_mesh
-from configs.models import LlamaConfig
-from core.fields import Checked, field
-from decode.inputs import check_room, pack_prompts
-from decode.metrics import DecodeOutput
-from decode.sampling import SamplingConfig, sample
-from models import llama, sharding
-from models.kvcache import KVCache
+from speculax.models.sharding import MeshConfig, make_mesh
+from speculax.models.config import LlamaConfig
+from speculax.core.fields import Checked, field
+from speculax.decode.inputs import check_room, pack_prompts
+from speculax.decode.metrics import DecodeOutput
+from speculax.core.sampling import SamplingConfig, sample
+from speculax.models import llama
+from speculax.models import sharding
+from speculax.models.kvcache import KVCache
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,19 +20,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs.meshes import MeshConfig
-from configs.models import LlamaConfig
-from core.fields import field
-from decode import trees
-from decode.generate import GenerateConfig, place, prefill
-from decode.inputs import check_room, pack_prompts
-from decode.metrics import DecodeOutput
-from decode.sampling import SamplingConfig, sample
-from decode.verify import emitted_tokens, verify_chain
-from decode.verify_tree import verify_tree
-from drafters.base import Drafter, TargetView, Verified
-from models import llama
-from models.kvcache import KVCache
+from speculax.models.sharding import MeshConfig
+from speculax.models.config import LlamaConfig
+from speculax.core.fields import field
+from speculax.core import trees
+from speculax.decode.generate import GenerateConfig, place, prefill
+from speculax.decode.inputs import check_room, pack_prompts
+from speculax.decode.metrics import DecodeOutput
+from speculax.core.sampling import SamplingConfig, sample
+from speculax.verifiers.chain import emitted_tokens, verify_chain
+from speculax.verifiers.tree import verify_tree
+from speculax.core.types import TargetView, Verified
+from speculax.drafters.base import Drafter
+from speculax.models import llama
+from speculax.models.kvcache import KVCache
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,42 +16,8 @@ from typing import Any, Protocol
 import flax.struct
 import jax
 
-from configs.models import LlamaConfig
-from models.kvcache import KVCache
-
-
-@flax.struct.dataclass
-class TargetView:
-  params: Any  # target params (layers unstacked)
-  cache: KVCache
-  history: jax.Array  # [b, S] int32
-  lengths: jax.Array  # [b] int32 valid tokens in history
-  # In `init` only, for drafters with `hidden_layers`: the prefill's hidden states there at every
-  # prompt slot [l, b, T, d] (slots past a row's prompt hold padding); None elsewhere.
-  prompt_hidden: jax.Array | None = None
-
-
-@flax.struct.dataclass
-class Draft:
-  """k chain drafts, or the n draft nodes of a tree (node i + 1 is tokens[:, i]; 0 is the root)."""
-  tokens: jax.Array  # [b, k or n] int32
-  # [b, k or n, v] the law each draft was drawn from: the drafter's q after the sampling
-  # transform (a tree node's: its parent's q before siblings are removed); None = one-hot.
-  probs: jax.Array | None
-  parents: jax.Array | None = None  # [b, n + 1] int32 tree parents (root -1); None = a chain
-  # [b] int32 in [1, k]: a chain's drafts to verify, the rest count as rejected (adaptive
-  # draft length); None = all k.
-  length: jax.Array | None = None
-
-
-@flax.struct.dataclass
-class Verified:
-  """What one verify step saw and kept, for drafters that learn from it or keep their own cache."""
-  block: jax.Array  # [b, n + 1] int32 tokens the target scored: the pending token, then drafts
-  logits: jax.Array  # [b, n + 1, v] the target's logits at each of them
-  hidden: jax.Array  # [len(drafter.hidden_layers), b, n + 1, d] the target's features there
-  path: jax.Array  # [b, depth + 1] int32 kept block nodes from the root (a chain: 0, 1, ...)
-  n_accepted: jax.Array  # [b] int32 drafts kept
+from speculax.models.config import LlamaConfig
+from speculax.models.kvcache import KVCache
 
 
 class Drafter(Protocol):

@@ -4,10 +4,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from configs.models import LlamaConfig
-from decode.sampling import SamplingConfig, probs, sample
-from models import llama
-from models.kvcache import KVCache
+from speculax.models.config import LlamaConfig
+from speculax.core.sampling import SamplingConfig, probs, sample
+from speculax.models import llama
+from speculax.models.kvcache import KVCache
 
 
 def draft_chain(params, config: LlamaConfig, cache: KVCache, last: jax.Array, key: jax.Array,

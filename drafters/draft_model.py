@@ -9,14 +9,14 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from configs.models import LlamaConfig
-from core.fields import Checked
-from decode.trees import Tree
-from drafters.base import Draft, TargetView, Verified
-from drafters.chain import draft_chain
-from drafters.tree_draft import check_tree, draft_tree
-from models import llama
-from models.kvcache import KVCache
+from speculax.models.config import LlamaConfig
+from speculax.core.fields import Checked
+from speculax.core.trees import Tree
+from speculax.core.types import Draft, TargetView, Verified
+from speculax.drafters.chain import draft_chain
+from speculax.drafters.tree_draft import check_tree, draft_tree
+from speculax.models import llama
+from speculax.models.kvcache import KVCache
 
 
 @dataclasses.dataclass(frozen=True)

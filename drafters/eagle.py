@@ -36,14 +36,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from core.fields import Checked, field
-from decode.sampling import SamplingConfig, probs, sample
-from decode.trees import Tree
-from drafters.base import Draft, TargetView, Verified
-from drafters.feature_layer import init_layer, layer_config, run_layer
-from drafters.tree_draft import check_tree, grow_tree
-from models import llama
-from models.kvcache import KVCache
+from speculax.core.fields import Checked, field
+from speculax.core.sampling import SamplingConfig, probs, sample
+from speculax.core.trees import Tree
+from speculax.core.types import Draft, TargetView, Verified
+from speculax.drafters.feature_layer import init_layer, layer_config, run_layer
+from speculax.drafters.tree_draft import check_tree, grow_tree
+from speculax.models import llama
+from speculax.models.kvcache import KVCache
 
 
 @flax.struct.dataclass

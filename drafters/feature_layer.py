@@ -15,8 +15,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from models import llama
-from models.kvcache import KVCache
+from speculax.models import llama
+from speculax.models.kvcache import KVCache
 
 
 def layer_config(config):

@@ -18,14 +18,14 @@ from typing import Any
 
 import jax
 
-from configs.models import LlamaConfig
-from train.checkpoints import Checkpointer
+from speculax.models.config import LlamaConfig
+from speculax.models.checkpoints import Checkpointer
 
 FORMAT = "speculax-head-drafter-v1"
 SPEC, PARAMS = "drafter.json", "drafter_params"
 # kind -> "module.Class" of every head drafter; a new one is one more line here.
-KINDS = {"medusa": "drafters.medusa.Medusa", "hydra": "drafters.hydra.Hydra",
-         "eagle": "drafters.eagle.Eagle"}
+KINDS = {"medusa": "speculax.drafters.medusa.Medusa", "hydra": "speculax.drafters.hydra.Hydra",
+         "eagle": "speculax.drafters.eagle.Eagle"}
 # LlamaConfig fields chosen when the target is loaded or run, not by its weights.
 _RUNTIME_FIELDS = ("dtype", "param_dtype", "attention_impl", "attention_block_kv")
 

@@ -38,14 +38,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from core.fields import Checked, field
-from decode.sampling import SamplingConfig
-from decode.trees import StaticTree, Tree
-from drafters.base import Draft, TargetView, Verified
-from drafters.feature_layer import init_layer, layer_config, run_layer
-from drafters.tree_draft import check_heads, grow_tree
-from models import llama
-from models.kvcache import KVCache
+from speculax.core.fields import Checked, field
+from speculax.core.sampling import SamplingConfig
+from speculax.core.trees import StaticTree, Tree
+from speculax.core.types import Draft, TargetView, Verified
+from speculax.drafters.feature_layer import init_layer, layer_config, run_layer
+from speculax.drafters.tree_draft import check_heads, grow_tree
+from speculax.models import llama
+from speculax.models.kvcache import KVCache
 
 
 @flax.struct.dataclass

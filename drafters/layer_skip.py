@@ -10,12 +10,13 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from core.fields import Checked, field
-from decode.trees import Tree
-from drafters.base import Draft, Stateless, TargetView
-from drafters.chain import draft_chain
-from drafters.tree_draft import check_tree, draft_tree
-from models.kvcache import KVCache
+from speculax.core.fields import Checked, field
+from speculax.core.trees import Tree
+from speculax.core.types import Draft, TargetView
+from speculax.drafters.base import Stateless
+from speculax.drafters.chain import draft_chain
+from speculax.drafters.tree_draft import check_tree, draft_tree
+from speculax.models.kvcache import KVCache
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from configs.models import LlamaConfig
-from drafters.layer_skip import LayerSkip
-from models import llama
+from speculax.models.config import LlamaConfig
+from speculax.drafters.layer_skip import LayerSkip
+from speculax.models import llama
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,12 +20,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from core.fields import Checked, field
-from decode.sampling import SamplingConfig, candidates, probs, sample
-from decode.trees import StaticTree
-from drafters.base import Draft, TargetView, Verified
-from drafters.tree_draft import check_heads
-from models import llama
+from speculax.core.fields import Checked, field
+from speculax.core.sampling import SamplingConfig, candidates, probs, sample
+from speculax.core.trees import StaticTree
+from speculax.core.types import Draft, TargetView, Verified
+from speculax.drafters.tree_draft import check_heads
+from speculax.models import llama
 
 
 @dataclasses.dataclass(frozen=True)

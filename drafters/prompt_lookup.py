@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from core.fields import Checked, field
-from drafters.base import Draft, Stateless, TargetView
-from drafters.ngram import ngram_propose
+from speculax.core.fields import Checked, field
+from speculax.core.types import Draft, TargetView
+from speculax.drafters.base import Stateless
+from speculax.drafters.ngram import ngram_propose
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,12 +4,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from configs.models import LlamaConfig
-from decode.trees import StaticTree, Tree
-from drafters import heads_io
-from drafters.draft_model import DraftModel
-from drafters.prompt_lookup import PromptLookup
-from drafters.token_recycling import TokenRecycling
+from speculax.models.config import LlamaConfig
+from speculax.core.trees import StaticTree, Tree
+from speculax.drafters import heads_io
+from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.prompt_lookup import PromptLookup
+from speculax.drafters.token_recycling import TokenRecycling
 
 HEADS = tuple(heads_io.KINDS)  # head drafters: trained on the target, loaded from a run folder
 NAMES = ("none", "prompt-lookup", "layer-skip", "draft-model", "token-recycling", *HEADS)
@@ -52,17 +52,17 @@ def make(name: str, params, config: LlamaConfig, *, k: int = 5, calibration=None
       raise ValueError(f"token-recycling expands a static tree template, got {tree}")
     return (TokenRecycling(tree) if tree is not None else TokenRecycling()), None
   if name == "layer-skip":
-    from drafters.layer_skip import LayerSkip
+    from speculax.drafters.layer_skip import LayerSkip
     if skip is not None:
       return LayerSkip.skipping(config.n_layers, skip, tree), None
     if not calibration:
       raise ValueError("layer-skip needs a skip set or calibration prompts to search one on")
-    from drafters.layer_skip_search import search_skip_set
+    from speculax.drafters.layer_skip_search import search_skip_set
     found = search_skip_set(params, config, calibration, k=k).drafter
     return dataclasses.replace(found, tree=tree), None
   if name == "draft-model":
     if draft is None:
-      from models.derive import truncated
+      from speculax.models.derive import truncated
       draft = truncated(params, config, range(draft_layers))
     draft_config, draft_params = draft
     return DraftModel(draft_config, tree), draft_params

@@ -20,10 +20,10 @@ import jax.numpy as jnp
 
 import numpy as np
 
-from core.fields import Checked
-from decode.trees import StaticTree
-from drafters.base import Draft, TargetView, Verified
-from drafters.tree_draft import check_tree
+from speculax.core.fields import Checked
+from speculax.core.trees import StaticTree
+from speculax.core.types import Draft, TargetView, Verified
+from speculax.drafters.tree_draft import check_tree
 
 # A skewed template in the paper's spirit (more branches near the root and along rank 0),
 # sized for CPU verification: 18 nodes, depth 5, up to 4 candidates per node.

@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs.models import LlamaConfig
-from decode.sampling import SamplingConfig, candidates
-from decode.trees import StaticTree, Tree, ancestor_mask
-from models import llama
-from models.kvcache import KVCache
+from speculax.models.config import LlamaConfig
+from speculax.core.sampling import SamplingConfig, candidates
+from speculax.core.trees import StaticTree, Tree, ancestor_mask
+from speculax.models import llama
+from speculax.models.kvcache import KVCache
 
 
 def draft_tree(params, config: LlamaConfig, cache: KVCache, last: jax.Array, key: jax.Array,

@@ -5,8 +5,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from configs.models import LlamaConfig
-from models.llama import Params
+from speculax.models.config import LlamaConfig
+from speculax.models.llama import Params
 
 
 def truncated(params: Params, config: LlamaConfig, layers) -> tuple[LlamaConfig, Params]:

@@ -24,8 +24,8 @@ from typing import Any
 import gguf
 import numpy as np
 
-from configs.models import LlamaConfig, RopeScaling
-from models.hf_loader import layer_param, to_jax, torch_layout_shape
+from speculax.models.config import LlamaConfig, RopeScaling
+from speculax.models.hf_loader import layer_param, to_jax, torch_layout_shape
 
 Params = dict
 

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from configs.models import LlamaConfig, RopeScaling
+from speculax.models.config import LlamaConfig, RopeScaling
 
 Params = dict
 

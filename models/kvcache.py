@@ -14,8 +14,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from configs.models import LlamaConfig
-from models.attention import prefix_block_mask
+from speculax.models.config import LlamaConfig
+from speculax.models.attention import prefix_block_mask
 
 CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
 

@@ -19,11 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs.models import LlamaConfig
-from models import kvcache
-from models.attention import attention
-from models.kernels.tree_attention import BlockSizes, tree_attention
-from models.kvcache import KVCache
+from speculax.models.config import LlamaConfig
+from speculax.models import kvcache
+from speculax.models.attention import attention
+from speculax.models.kernels.tree_attention import BlockSizes, tree_attention
+from speculax.models.kvcache import KVCache
 
 Params = dict
 

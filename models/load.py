@@ -1,6 +1,6 @@
 """One entry point for every checkpoint: a preset name, a .gguf file, or a Hugging Face folder.
 
-    from models import load
+    from speculax.models import load
     m = load.load("smollm2-135m")   # or load.load("model.gguf"), load.load("path/to/hf_folder")
     m.config, m.params, m.tokenizer
 """
@@ -10,8 +10,8 @@ import dataclasses
 import pathlib
 from typing import Any
 
-from configs.models import PRESETS, LlamaConfig, get_preset
-from models import assets
+from speculax.models.config import PRESETS, LlamaConfig, get_preset
+from speculax.models import assets
 
 # Presets that name a real checkpoint shipped in a local package -> function returning its path.
 CHECKPOINT_PRESETS = {"smollm2-135m": assets.smollm2_gguf_path}
@@ -47,8 +47,8 @@ def load(name_or_path: str | pathlib.Path, *, param_dtype: str = "float32",
 
 
 def _load_gguf(path: pathlib.Path, param_dtype: str, dtype: str) -> LoadedModel:
-  from models import gguf_loader
-  from models.tokenizer import Tokenizer
+  from speculax.models import gguf_loader
+  from speculax.models.tokenizer import Tokenizer
   reader = gguf_loader.open_gguf(path)  # parsed once, shared with the tokenizer
   config, params = gguf_loader.load_gguf(path, param_dtype=param_dtype, reader=reader)
   return LoadedModel(dataclasses.replace(config, dtype=dtype), params,
@@ -56,8 +56,8 @@ def _load_gguf(path: pathlib.Path, param_dtype: str, dtype: str) -> LoadedModel:
 
 
 def _load_hf(folder: pathlib.Path, param_dtype: str, dtype: str) -> LoadedModel:
-  from models import hf_loader
-  from models.tokenizer import Tokenizer
+  from speculax.models import hf_loader
+  from speculax.models.tokenizer import Tokenizer
   config, params = hf_loader.load_hf_folder(folder, param_dtype=param_dtype)
   return LoadedModel(dataclasses.replace(config, dtype=dtype), params,
                      Tokenizer.from_hf_folder(folder))

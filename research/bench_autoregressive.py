@@ -5,7 +5,7 @@ both generate the same count), batch 1 and batch 8, on the first HumanEval promp
 fed the same token ids. Also prints the memory-bandwidth floor: weight bytes per decode step
 over the bytes/s a large memcpy reads on this machine.
 
-  .venv/bin/python -m research.bench_autoregressive [--prompts 8] [--new-tokens 128]
+  .venv/bin/python -m speculax.research.bench_autoregressive [--prompts 8] [--new-tokens 128]
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import jax
 import numpy as np
 
-from decode.generate import GenerateConfig, generate
-from models.assets import humaneval_prompts
-from models.load import load
-from research.common import hf_model, machine, median, read_bandwidth, table
+from speculax.decode.generate import GenerateConfig, generate
+from speculax.models.assets import humaneval_prompts
+from speculax.models.load import load
+from speculax.research.common import hf_model, machine, median, read_bandwidth, table
 
 
 def _hf_generate(model, batch: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:

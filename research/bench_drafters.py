@@ -12,9 +12,9 @@ target checked per step (adaptive length drafts fewer than k), tokens/s, speedup
 over our autoregressive decoding at the same batch and temperature, speedup/tau, the drafter's
 parameter count and its training cost. Writes results/bench_drafters.json and .png.
 
-  .venv/bin/python -m research.bench_drafters [--train-steps 60] [--prompts 8] [--new-tokens 48]
+  .venv/bin/python -m speculax.research.bench_drafters [--train-steps 60] [--prompts 8] [--new-tokens 48]
   # a subset, e.g. adaptive length against fixed k across stop thresholds:
-  .venv/bin/python -m research.bench_drafters --drafters eagle3 --eagle3-k 1,2,4 \
+  .venv/bin/python -m speculax.research.bench_drafters --drafters eagle3 --eagle3-k 1,2,4 \
       --stop-thresholds 0.3,0.5,0.7 --results results/bench_adaptive.json
 """
 from __future__ import annotations
@@ -27,20 +27,20 @@ import time
 
 import jax
 
-from decode.sampling import SamplingConfig
-from decode.speculative import SpecConfig
-from decode.trees import DynamicTree
-from drafters import registry
-from drafters.eagle import Eagle
-from drafters.heads_io import load_head_drafter
-from drafters.hydra import Hydra
-from drafters.medusa import Medusa
-from models.assets import humaneval_prompts
-from models.load import load
-from research.common import machine, plot_tau_speedup, run_prompts, table
-from train.experiment import DataConfig, DistillExperiment, run
-from train.heads import HeadsConfig
-from train.optim import OptimConfig
+from speculax.core.sampling import SamplingConfig
+from speculax.decode.speculative import SpecConfig
+from speculax.core.trees import DynamicTree
+from speculax.drafters import registry
+from speculax.drafters.eagle import Eagle
+from speculax.drafters.heads_io import load_head_drafter
+from speculax.drafters.hydra import Hydra
+from speculax.drafters.medusa import Medusa
+from speculax.models.assets import humaneval_prompts
+from speculax.models.load import load
+from speculax.research.common import machine, plot_tau_speedup, run_prompts, table
+from speculax.train.experiment import DataConfig, DistillExperiment, run
+from speculax.train.heads import HeadsConfig
+from speculax.train.optim import OptimConfig
 
 RESULTS = pathlib.Path("results/bench_drafters.json")
 DRAFTERS = ("prompt-lookup", "token-recycling", "layer-skip", "draft-model", "medusa", "hydra",

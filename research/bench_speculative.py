@@ -8,7 +8,7 @@ prompts). The peer is transformers' prompt-lookup `generate` on the same token i
 new tokens / model forwards (its prefill and first verify share one forward).
 Writes results/bench_speculative.json.
 
-  .venv/bin/python -m research.bench_speculative [--prompts 20] [--new-tokens 128] [-k 5]
+  .venv/bin/python -m speculax.research.bench_speculative [--prompts 20] [--new-tokens 128] [-k 5]
 """
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 
-from decode.generate import GenerateConfig, generate
-from decode.speculative import SpecConfig, speculative_generate
-from drafters import registry
-from drafters.prompt_lookup import PromptLookup
-from models.assets import humaneval_prompts
-from models.load import load
-from research.common import hf_model, machine, median, table
+from speculax.decode.generate import GenerateConfig, generate
+from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.drafters import registry
+from speculax.drafters.prompt_lookup import PromptLookup
+from speculax.models.assets import humaneval_prompts
+from speculax.models.load import load
+from speculax.research.common import hf_model, machine, median, table
 
 AR, HF_PLD = "autoregressive", "transformers prompt-lookup"
 RESULTS = pathlib.Path("results/bench_speculative.json")

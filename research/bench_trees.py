@@ -7,7 +7,7 @@ tau, acceptance by depth, tokens/s, speedup over our autoregressive decoding at 
 temperature, speedup/tau and the drafter's extra memory (its own params and state). Writes
 results/bench_trees.json and results/bench_trees.png (tau against speedup).
 
-  .venv/bin/python -m research.bench_trees [--prompts 8] [--new-tokens 64] [-k 5]
+  .venv/bin/python -m speculax.research.bench_trees [--prompts 8] [--new-tokens 64] [-k 5]
 """
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ import pathlib
 
 import jax
 
-from decode.sampling import SamplingConfig
-from decode.speculative import SpecConfig
-from decode.trees import DynamicTree
-from drafters import registry
-from drafters.token_recycling import DEFAULT_TREE
-from models.assets import humaneval_prompts
-from models.load import load
-from research.common import machine, plot_tau_speedup, run_prompts, table
+from speculax.core.sampling import SamplingConfig
+from speculax.decode.speculative import SpecConfig
+from speculax.core.trees import DynamicTree
+from speculax.drafters import registry
+from speculax.drafters.token_recycling import DEFAULT_TREE
+from speculax.models.assets import humaneval_prompts
+from speculax.models.load import load
+from speculax.research.common import machine, plot_tau_speedup, run_prompts, table
 
 RESULTS = pathlib.Path("results/bench_trees.json")
 # Both trees reach depth k = 5 like the chains; the static one holds the rank-0 chain, so under

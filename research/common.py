@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decode.generate import generate
-from decode.speculative import SpecConfig, speculative_generate
+from speculax.decode.generate import generate
+from speculax.decode.speculative import SpecConfig, speculative_generate
 
 
 def machine() -> str:
@@ -55,7 +55,7 @@ def hf_model():
   import torch
   import transformers
 
-  from models.assets import smollm2_gguf_path
+  from speculax.models.assets import smollm2_gguf_path
   path = smollm2_gguf_path()
   model = transformers.AutoModelForCausalLM.from_pretrained(
       path.parent, gguf_file=path.name, dtype=torch.float32)

@@ -5,7 +5,7 @@ speculative decoding with the trained draft on held-out HumanEval prompts, greed
 temperature 1: tau and speedup over autoregressive decoding. The untrained initialization is
 the baseline row. Prints a Markdown table, writes results/distillspec.json and a bar plot.
 
-  .venv/bin/python -m research.distillspec [--steps 300] [--prompts 8] [--new-tokens 64]
+  .venv/bin/python -m speculax.research.distillspec [--steps 300] [--prompts 8] [--new-tokens 64]
 """
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ import pathlib
 
 import jax
 
-from configs.distill_smollm2 import EXPERIMENT
-from decode.generate import GenerateConfig, generate
-from decode.sampling import SamplingConfig
-from decode.speculative import SpecConfig, speculative_generate
-from drafters.draft_model import DraftModel
-from models.assets import humaneval_prompts
-from models.derive import truncated
-from models.load import load
-from research.common import machine, table
-from train.experiment import run
+from speculax.configs.distill_smollm2 import EXPERIMENT
+from speculax.decode.generate import GenerateConfig, generate
+from speculax.core.sampling import SamplingConfig
+from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.drafters.draft_model import DraftModel
+from speculax.models.assets import humaneval_prompts
+from speculax.models.derive import truncated
+from speculax.models.load import load
+from speculax.research.common import machine, table
+from speculax.train.experiment import run
 
 DIVERGENCES = [("fkl", ()), ("rkl", ()), ("jsd", (("beta", 0.5),)), ("tvd", ()),
                ("tvd++", (("n_samples", 16),)), ("ce", ())]

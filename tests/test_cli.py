@@ -1,6 +1,6 @@
 import pytest
 
-from cli.main import main
+from speculax.cli.main import main
 
 
 def test_help_explains_every_flag(capsys):
@@ -128,7 +128,7 @@ def test_generate_chat_prompt_on_smollm2(capsys, drafter):
 @pytest.mark.parametrize("config", ["configs/distill_smollm2.py", "configs/medusa_smollm2.py",
                                     "configs/hydra_smollm2.py"])
 def test_train_overrides_either_trainers_budget(config):
-  from cli.train import load_experiment, overridden
+  from speculax.cli.train import load_experiment, overridden
   exp = load_experiment(config)
   new = overridden(exp, steps=7, out_dir="elsewhere")
   assert new.distill.optim.total_steps == 7 and new.folder.parent.name == "elsewhere"

@@ -9,26 +9,26 @@ import math
 
 import pytest
 
-from configs.meshes import MeshConfig
-from configs.models import LlamaConfig, RopeScaling, get_preset
-from decode.generate import GenerateConfig
-from decode.recording import Recording
-from decode.sampling import SamplingConfig
-from decode.speculative import SpecConfig
-from decode.trees import DynamicTree, StaticTree
-from drafters.draft_model import DraftModel
-from drafters.eagle import Eagle
-from drafters.hydra import Hydra
-from drafters.layer_skip import LayerSkip
-from drafters.medusa import Medusa
-from drafters.prompt_lookup import PromptLookup
-from drafters.token_recycling import TokenRecycling
-from models.kernels.tree_attention import BlockSizes
-from train.distill import DistillConfig
-from train.experiment import DataConfig, DistillExperiment
-from train.heads import HeadsConfig
-from train.online import OnlineConfig
-from train.optim import OptimConfig
+from speculax.models.sharding import MeshConfig
+from speculax.models.config import LlamaConfig, RopeScaling, get_preset
+from speculax.decode.generate import GenerateConfig
+from speculax.serve.recording import Recording
+from speculax.core.sampling import SamplingConfig
+from speculax.decode.speculative import SpecConfig
+from speculax.core.trees import DynamicTree, StaticTree
+from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.eagle import Eagle
+from speculax.drafters.hydra import Hydra
+from speculax.drafters.layer_skip import LayerSkip
+from speculax.drafters.medusa import Medusa
+from speculax.drafters.prompt_lookup import PromptLookup
+from speculax.drafters.token_recycling import TokenRecycling
+from speculax.models.kernels.tree_attention import BlockSizes
+from speculax.train.distill import DistillConfig
+from speculax.train.experiment import DataConfig, DistillExperiment
+from speculax.train.heads import HeadsConfig
+from speculax.serve.online import OnlineConfig
+from speculax.train.optim import OptimConfig
 
 TINY = get_preset("tiny")
 NAN, INF = math.nan, math.inf

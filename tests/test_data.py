@@ -6,8 +6,8 @@ import pytest
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
-from models.tokenizer import Tokenizer
-from train import data
+from speculax.models.tokenizer import Tokenizer
+from speculax.train import data
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -125,7 +125,7 @@ def test_batches_deterministic_and_resumable():
 
 
 def test_prompt_sets_never_overlap_humaneval():
-  from models import assets
+  from speculax.models import assets
   files = data.stdlib_files()[:40]
   sets = data.prompt_sets(files, limit=30)
   assert sets.heldout == assets.humaneval_prompts() and len(sets.heldout) == 164
@@ -140,7 +140,7 @@ def test_prompt_sets_never_overlap_humaneval():
 
 
 def test_self_distill_batches_match_one_by_one(tiny, tok):
-  from decode.generate import GenerateConfig, generate
+  from speculax.decode.generate import GenerateConfig, generate
   cfg, params = tiny
   prompts = ["Say hi.", "Continue this code: x = 1", "Why?"]
   got = data.self_distill(params, cfg, tok, prompts, max_new_tokens=4, batch_size=2)

@@ -6,14 +6,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs.meshes import MeshConfig
-from models import llama
-from models.derive import truncated
-from train.checkpoints import Checkpointer
-from train.distill import DistillConfig, teacher_topk
-from train.loop import Target, fit, sharded_init
-from train.metrics_log import MetricsLog
-from train.optim import OptimConfig
+from speculax.models.sharding import MeshConfig
+from speculax.models import llama
+from speculax.models.derive import truncated
+from speculax.models.checkpoints import Checkpointer
+from speculax.train.distill import DistillConfig, teacher_topk
+from speculax.train.loop import Target, fit, sharded_init
+from speculax.train.metrics_log import MetricsLog
+from speculax.train.optim import OptimConfig
 
 K = 16
 
@@ -96,7 +96,7 @@ def test_data_parallel_and_fsdp_match_one_device(setup):
 
 
 def test_gradient_accumulation_updates_every_k_micro_batches(setup):
-  from train.distill import init_state, train_step
+  from speculax.train.distill import init_state, train_step
   _, _, draft_cfg, draft, tokens, teacher = setup
   cfg = _cfg(optim=OptimConfig(learning_rate=3e-3, warmup_steps=0, total_steps=2, accum_steps=2))
   assert cfg.steps == 4  # 2 updates x 2 micro-batches
@@ -127,10 +127,10 @@ def test_on_policy_rows_come_from_the_drafter(setup, tmp_path):
   log = MetricsLog(tmp_path / "m.csv")
   _train(setup, cfg, target=Target(params, cfg_t, top_k=K), log=log, log_every=1)
   assert len(log.read()) == 2
-  from train.loop import make_batch
+  from speculax.train.loop import make_batch
   state = sharded_init(setup[3], setup[2], cfg, None)
   batch = make_batch(state, setup[2], cfg, setup[4], setup[5], Target(params, cfg_t, top_k=K), 0)
-  from train.data import batch_rows
+  from speculax.train.data import batch_rows
   data_rows = setup[4][batch_rows(32, 8, 0, seed=0)]
   assert (batch["tokens"][:4, :8] == data_rows[:4, :8]).all()  # the prefix is kept
   assert not (batch["tokens"][:4, 8:] == data_rows[:4, 8:]).all()  # the rest is sampled
@@ -159,7 +159,7 @@ def test_metrics_log_keeps_steps_with_different_metrics(tmp_path):
 
 
 def test_plot_groups_per_depth_metrics_in_a_grid(tmp_path):
-  from train.metrics_log import panel_groups
+  from speculax.train.metrics_log import panel_groups
   names = ["loss", "acceptance/depth10", "acceptance/depth2", "acceptance",
            "heldout/top1/depth1", "heldout/top1/depth3", "heldout/loss"]
   assert panel_groups(names) == {

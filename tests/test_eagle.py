@@ -5,15 +5,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs.meshes import MeshConfig
-from configs.models import get_preset
-from decode.sampling import SamplingConfig
-from decode.speculative import SpecConfig, speculative_generate
-from decode.trees import DynamicTree, StaticTree
-from drafters import eagle
-from drafters.base import TargetView
-from drafters.eagle import Eagle
-from models import llama
+from speculax.models.sharding import MeshConfig
+from speculax.models.config import get_preset
+from speculax.core.sampling import SamplingConfig
+from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.core.trees import DynamicTree, StaticTree
+from speculax.drafters import eagle
+from speculax.core.types import TargetView
+from speculax.drafters.eagle import Eagle
+from speculax.models import llama
 from tiny_prompts import NEW, PROMPTS
 
 
@@ -138,7 +138,7 @@ def test_adaptive_length_stops_early(tiny):
 def test_untrained_acceptance_head_is_the_drafts_confidence(tiny):
   """Before training, the acceptance head predicts each draft's top probability (EAGLE-2's
   proxy), finite even where the drafter is certain."""
-  from drafters.eagle import _accept_logit
+  from speculax.drafters.eagle import _accept_logit
   cfg, _ = tiny
   p = Eagle().init_params(cfg)
   a = jax.random.normal(jax.random.key(0), (3, cfg.d_model))
@@ -173,9 +173,9 @@ def test_bad_eagle_input(tiny):
 def test_eagle_learns_the_target_and_its_acceptance(tiny, drafter):
   """Self-distillation on target features: held-out acceptance of every trained depth rises and
   the acceptance head's loss falls; the target stays frozen."""
-  from train.distill import init_state, train_step
-  from train.heads import HeadsConfig
-  from train.optim import OptimConfig
+  from speculax.train.distill import init_state, train_step
+  from speculax.train.heads import HeadsConfig
+  from speculax.train.optim import OptimConfig
   cfg, params = tiny
   heads = HeadsConfig(drafter, optim=OptimConfig(learning_rate=3e-3, warmup_steps=2,
                                                  total_steps=30))

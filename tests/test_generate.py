@@ -3,10 +3,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs.meshes import MeshConfig
-from decode.generate import GenerateConfig, generate
-from decode.sampling import SamplingConfig
-from models import llama
+from speculax.models.sharding import MeshConfig
+from speculax.decode.generate import GenerateConfig, generate
+from speculax.core.sampling import SamplingConfig
+from speculax.models import llama
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 12, 13], [42] * 20, [7], [100, 3, 99, 4, 250]]
 
@@ -74,8 +74,8 @@ def test_sharded_generate_equals_unsharded(tiny, mesh):
 
 
 def test_sharded_params_really_are_split(tiny):
-  from configs.meshes import make_mesh
-  from models import sharding
+  from speculax.models.sharding import make_mesh
+  from speculax.models import sharding
   cfg, params = tiny
   mesh_cfg = MeshConfig(data=4, tensor=2)
   placed = sharding.shard_params(params, cfg, make_mesh(mesh_cfg), mesh_cfg.rules)
@@ -112,15 +112,15 @@ def test_bad_sampling_settings(kwargs, match):
 
 
 def test_bad_mesh():
-  from configs.meshes import make_mesh
+  from speculax.models.sharding import make_mesh
   with pytest.raises(ValueError, match="needs 16 devices, only 8"):
     make_mesh(MeshConfig(data=8, tensor=2))
 
 
 def test_indivisible_shard_names_the_leaf():
-  from configs.meshes import make_mesh
-  from configs.models import LlamaConfig
-  from models import sharding
+  from speculax.models.sharding import make_mesh
+  from speculax.models.config import LlamaConfig
+  from speculax.models import sharding
   cfg = LlamaConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=3, n_kv_heads=1, head_dim=8,
                     d_ff=64, max_seq_len=32)
   params = llama.init_params(cfg, jax.random.key(0))

@@ -6,18 +6,19 @@ import jax
 import numpy as np
 import pytest
 
-from configs.models import get_preset
-from decode.speculative import SpecConfig, speculative_generate
-from decode.trees import StaticTree
-from drafters import heads_io, registry
-from drafters.medusa import Medusa
-from models.load import LoadedModel
+from speculax.models.config import get_preset
+from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.core.trees import StaticTree
+from speculax.drafters import heads_io
+from speculax.drafters import registry
+from speculax.drafters.medusa import Medusa
+from speculax.models.load import LoadedModel
 from tiny_prompts import NEW, PROMPTS
-from train.distill import DistillConfig
-from train.experiment import DataConfig, DistillExperiment, run
-from train.heads import HeadsConfig
-from train.metrics_log import MetricsLog
-from train.optim import OptimConfig
+from speculax.train.distill import DistillConfig
+from speculax.train.experiment import DataConfig, DistillExperiment, run
+from speculax.train.heads import HeadsConfig
+from speculax.train.metrics_log import MetricsLog
+from speculax.train.optim import OptimConfig
 
 OPTIM = OptimConfig(learning_rate=1e-2, warmup_steps=1, total_steps=6)
 HEADS = HeadsConfig(Medusa(3), batch_size=4, optim=OPTIM)

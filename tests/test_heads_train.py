@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train.distill import init_state, train_step
-from train.heads import HeadsConfig
-from train.optim import OptimConfig
-from drafters.hydra import Hydra
-from drafters.medusa import Medusa
-from models import llama
+from speculax.train.distill import init_state, train_step
+from speculax.train.heads import HeadsConfig
+from speculax.train.optim import OptimConfig
+from speculax.drafters.hydra import Hydra
+from speculax.drafters.medusa import Medusa
+from speculax.models import llama
 
 TOP_K = 16
 

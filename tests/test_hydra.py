@@ -8,16 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs.meshes import MeshConfig
-from decode.sampling import SamplingConfig
-from decode.speculative import SpecConfig, speculative_generate
-from decode.trees import DynamicTree, StaticTree
-from drafters.base import TargetView
-from drafters.feature_layer import run_layer
-from drafters.hydra import Hydra, draft_heads
-from drafters.medusa import Medusa
-from models import llama
-from models.kvcache import KVCache
+from speculax.models.sharding import MeshConfig
+from speculax.core.sampling import SamplingConfig
+from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.core.trees import DynamicTree, StaticTree
+from speculax.core.types import TargetView
+from speculax.drafters.feature_layer import run_layer
+from speculax.drafters.hydra import Hydra, draft_heads
+from speculax.drafters.medusa import Medusa
+from speculax.models import llama
+from speculax.models.kvcache import KVCache
 from tiny_prompts import NEW, PROMPTS
 
 

@@ -6,14 +6,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs.models import LlamaConfig
-from drafters import registry
-from drafters.layer_skip import LayerSkip
-from drafters.layer_skip_search import (estimated_speedup, expected_tokens_per_step,
+from speculax.models.config import LlamaConfig
+from speculax.drafters import registry
+from speculax.drafters.layer_skip import LayerSkip
+from speculax.drafters.layer_skip_search import (estimated_speedup, expected_tokens_per_step,
                                         search_skip_set)
-from models import llama
-from models.derive import truncated
-from models.kvcache import KVCache
+from speculax.models import llama
+from speculax.models.derive import truncated
+from speculax.models.kvcache import KVCache
 
 # Deep enough for a search with a few rounds (candidates are layers 1..4).
 CFG = LlamaConfig(vocab_size=256, d_model=64, n_layers=6, n_heads=4, n_kv_heads=2, head_dim=16,

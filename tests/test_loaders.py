@@ -15,9 +15,12 @@ import jax
 import numpy as np
 import pytest
 
-from configs.models import LlamaConfig, RopeScaling, get_preset
-from models import assets, gguf_loader, hf_loader, llama
-from models import load as load_mod
+from speculax.models.config import LlamaConfig, RopeScaling, get_preset
+from speculax.models import assets
+from speculax.models import gguf_loader
+from speculax.models import hf_loader
+from speculax.models import llama
+from speculax.models import load as load_mod
 from hf_models import tiny_hf_model
 
 torch = pytest.importorskip("torch")

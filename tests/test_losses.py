@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train import losses
+from speculax.train import losses
 
 B, T, V = 2, 2, 5
 KEY = jax.random.key(0, impl="rbg")

@@ -4,11 +4,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs.models import get_preset
-from decode.speculative import SpecConfig, speculative_generate
-from decode.trees import DynamicTree, StaticTree
-from drafters.medusa import Medusa, heads_logits, init_heads
-from models import llama
+from speculax.models.config import get_preset
+from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.core.trees import DynamicTree, StaticTree
+from speculax.drafters.medusa import Medusa, heads_logits, init_heads
+from speculax.models import llama
 from tiny_prompts import NEW, PROMPTS
 
 

@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs.models import LlamaConfig, get_preset
-from models import llama
-from models.kvcache import KVCache
+from speculax.models.config import LlamaConfig, get_preset
+from speculax.models import llama
+from speculax.models.kvcache import KVCache
 
 
 def _positions(b, t, start=0):

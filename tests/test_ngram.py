@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from drafters.ngram import ngram_propose
+from speculax.drafters.ngram import ngram_propose
 
 
 def _reference(row, length, max_ngram, min_ngram, k):

@@ -5,19 +5,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs.models import get_preset
-from decode.generate import GenerateConfig, generate
-from decode.recording import Recording
-from decode.sampling import SamplingConfig
-from decode.serve import serve
-from decode.speculative import SpecConfig, speculative_generate
-from drafters.draft_model import DraftModel
-from drafters.medusa import Medusa
-from drafters.token_recycling import TokenRecycling
-from models import llama
+from speculax.models.config import get_preset
+from speculax.decode.generate import GenerateConfig, generate
+from speculax.serve.recording import Recording
+from speculax.core.sampling import SamplingConfig
+from speculax.serve.loop import serve
+from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.medusa import Medusa
+from speculax.drafters.token_recycling import TokenRecycling
+from speculax.models import llama
 from tiny_prompts import NEW, PROMPTS
-from train.online import OnlineConfig, OnlineLearner, served_row
-from train.replay import ReplayBuffer
+from speculax.serve.online import OnlineConfig, OnlineLearner, served_row
+from speculax.serve.replay import ReplayBuffer
 
 SPEC = SpecConfig(k=4, max_new_tokens=NEW)
 

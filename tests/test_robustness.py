@@ -16,15 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs.meshes import MeshConfig
-from decode.generate import GenerateConfig, generate
-from decode.sampling import SamplingConfig, probs
-from decode.speculative import SpecConfig, speculative_generate
-from decode.trees import DynamicTree, StaticTree
-from drafters.draft_model import DraftModel
-from drafters.heads_io import load_head_drafter
-from drafters.prompt_lookup import PromptLookup
-from drafters.token_recycling import TokenRecycling
+from speculax.models.sharding import MeshConfig
+from speculax.decode.generate import GenerateConfig, generate
+from speculax.core.sampling import SamplingConfig, probs
+from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.core.trees import DynamicTree, StaticTree
+from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.heads_io import load_head_drafter
+from speculax.drafters.prompt_lookup import PromptLookup
+from speculax.drafters.token_recycling import TokenRecycling
 from tiny_prompts import NEW, PROMPTS
 
 

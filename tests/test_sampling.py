@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode.sampling import SamplingConfig, probs, sample
+from speculax.core.sampling import SamplingConfig, probs, sample
 
 LOGITS = np.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0], np.float32)
 

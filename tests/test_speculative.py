@@ -3,15 +3,15 @@ import jax
 import numpy as np
 import pytest
 
-from configs.meshes import MeshConfig
-from configs.models import get_preset
-from decode.generate import GenerateConfig, generate
-from decode.sampling import SamplingConfig
-from decode.speculative import SpecConfig, speculative_generate
-from drafters.draft_model import DraftModel
-from drafters.layer_skip import LayerSkip
-from drafters.prompt_lookup import PromptLookup
-from models import llama
+from speculax.models.sharding import MeshConfig
+from speculax.models.config import get_preset
+from speculax.decode.generate import GenerateConfig, generate
+from speculax.core.sampling import SamplingConfig
+from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.layer_skip import LayerSkip
+from speculax.drafters.prompt_lookup import PromptLookup
+from speculax.models import llama
 from tiny_prompts import NEW, PROMPTS
 
 
@@ -107,7 +107,7 @@ def test_bad_speculative_input(tiny, draft):
 
 
 def test_no_recompilation_within_a_prompt_bucket(tiny):
-  from decode.speculative import spec_loop
+  from speculax.decode.speculative import spec_loop
   cfg, params = tiny
   spec = SpecConfig(k=3, max_new_tokens=6, prompt_bucket=32)
   speculative_generate(params, cfg, [[1, 2, 3], [4, 5]], PromptLookup(), spec)

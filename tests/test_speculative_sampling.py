@@ -17,17 +17,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs.models import LlamaConfig
-from decode import verify
-from decode.sampling import SamplingConfig, probs
-from decode import speculative, verify_tree
-from decode.speculative import SpecConfig, speculative_generate
-from decode.trees import DynamicTree, StaticTree
-from drafters.draft_model import DraftModel
-from drafters.eagle import Eagle
-from drafters.hydra import Hydra
-from drafters.medusa import Medusa
-from models import llama
+from speculax.models.config import LlamaConfig
+from speculax.core import rejection
+from speculax.core.sampling import SamplingConfig, probs
+from speculax.decode import speculative
+from speculax.verifiers import tree as verify_tree
+from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.core.trees import DynamicTree, StaticTree
+from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.eagle import Eagle
+from speculax.drafters.hydra import Hydra
+from speculax.drafters.medusa import Medusa
+from speculax.models import llama
 from test_hydra import random_params
 from test_robustness import Faulty
 
@@ -133,7 +134,7 @@ def test_planted_verifier_without_residual_fails(models, monkeypatch):
   target, draft = models
   sampling = SamplingConfig(temperature=1.0)
   p1, p2 = _exact(target, sampling)
-  monkeypatch.setattr(verify, "_residual", lambda p, q: p)
+  monkeypatch.setattr(rejection, "residual", lambda p, q: p)
   jax.clear_caches()
   try:
     first, second = _run(target, draft, sampling, seed=0)

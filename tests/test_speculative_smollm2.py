@@ -1,11 +1,11 @@
 """Greedy speculative decoding on the real SmolLM2-135M equals its own greedy decoding."""
 import pytest
 
-from decode.generate import GenerateConfig, generate
-from decode.speculative import SpecConfig, speculative_generate
-from drafters import registry
-from models.assets import humaneval_prompts
-from models.derive import truncated
+from speculax.decode.generate import GenerateConfig, generate
+from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.drafters import registry
+from speculax.models.assets import humaneval_prompts
+from speculax.models.derive import truncated
 
 pytestmark = pytest.mark.slow
 NEW = 32

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import llama
-from train import teacher_cache
-from train.teacher_cache import TeacherCache, build_teacher_cache
+from speculax.models import llama
+from speculax.train import teacher_cache
+from speculax.train.teacher_cache import TeacherCache, build_teacher_cache
 
 N, T = 7, 12  # 7 rows in shards of 3: the last shard is partial, batches of 2 get padded
 

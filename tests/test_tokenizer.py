@@ -17,7 +17,7 @@ import pytest
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from models.tokenizer import Tokenizer
+from speculax.models.tokenizer import Tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="module")
 def gguf_path() -> pathlib.Path:
-  from models.assets import smollm2_gguf_path
+  from speculax.models.assets import smollm2_gguf_path
   return smollm2_gguf_path()
 
 

@@ -5,15 +5,15 @@ import jax
 import numpy as np
 import pytest
 
-from configs.meshes import MeshConfig
-from configs.models import get_preset
-from decode.generate import GenerateConfig, generate
-from decode.speculative import SpecConfig, speculative_generate
-from decode.trees import DynamicTree, StaticTree
-from drafters.draft_model import DraftModel
-from drafters.layer_skip import LayerSkip
-from drafters.token_recycling import TokenRecycling
-from models import llama
+from speculax.models.sharding import MeshConfig
+from speculax.models.config import get_preset
+from speculax.decode.generate import GenerateConfig, generate
+from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.core.trees import DynamicTree, StaticTree
+from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.layer_skip import LayerSkip
+from speculax.drafters.token_recycling import TokenRecycling
+from speculax.models import llama
 from tiny_prompts import NEW, PROMPTS
 
 STATIC = StaticTree.full((3, 2, 1))  # 3 + 6 + 6 nodes, depth 3

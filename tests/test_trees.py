@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode import trees
-from decode.sampling import SamplingConfig, candidates, probs
-from decode.trees import DynamicTree, StaticTree
-from decode.verify_tree import verify_tree
+from speculax.core import trees
+from speculax.core.sampling import SamplingConfig, candidates, probs
+from speculax.core.trees import DynamicTree, StaticTree
+from speculax.verifiers.tree import verify_tree
 
 TREE = StaticTree(((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)))
 

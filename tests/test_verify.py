@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode import verify
-from decode.sampling import SamplingConfig, probs
-from decode.verify import emitted_tokens, verify_chain
+from speculax.core import rejection
+from speculax.core.sampling import SamplingConfig, probs
+from speculax.verifiers.chain import emitted_tokens, verify_chain
 
 V = 6  # vocab
 N = 40_000  # simulated speculative steps per distribution test
@@ -175,8 +175,8 @@ def _always_accept(u, px, qx):
   return jnp.ones_like(px, bool)
 
 
-PLANTED = {"resample_from_p": ("_residual", _resample_from_p),
-           "always_accept": ("_accept", _always_accept)}
+PLANTED = {"resample_from_p": ("residual", _resample_from_p),
+           "always_accept": ("accept", _always_accept)}
 
 
 @pytest.mark.parametrize("bug,name", [("resample_from_p", "t1.0"), ("always_accept", "t0.7"),
@@ -187,7 +187,7 @@ def test_planted_bug_violates_the_bound(monkeypatch, bug, name):
   target = _target_pair(tables)
   exact_bug = _exact_pair_law(tables["p0"], tables["p1"], tables["q0"], tables["q1"], bug)
   assert _tv(exact_bug, target) > 2 * TV_PAIR  # the bug is big enough for this test to see
-  monkeypatch.setattr(verify, *PLANTED[bug])
+  monkeypatch.setattr(rejection, *PLANTED[bug])
   pair, _ = _empirical(sampling, tables)
   assert _tv(pair, exact_bug) < TV_PAIR  # the numpy model of the bug matches the code
   assert _tv(pair, target) > TV_PAIR
@@ -286,8 +286,8 @@ def test_zero_draft_probability_is_handled_without_nan():
 
 def test_residual_without_mass_falls_back_to_p():
   p = jnp.asarray([[0.5, 0.5, 0, 0]])
-  np.testing.assert_array_equal(verify._residual(p, p), p)
-  np.testing.assert_allclose(verify._residual(p, jnp.asarray([[1.0, 0, 0, 0]])), [[0, 1, 0, 0]])
+  np.testing.assert_array_equal(rejection.residual(p, p), p)
+  np.testing.assert_allclose(rejection.residual(p, jnp.asarray([[1.0, 0, 0, 0]])), [[0, 1, 0, 0]])
 
 
 def test_bad_shapes_raise():
@@ -308,4 +308,4 @@ def test_bad_shapes_raise():
 def test_inverse_cdf_never_picks_zero_probability_tokens():
   dist = jnp.asarray([[0, 0.5, 0, 0.5, 0, 0]] * 4)
   u = jnp.asarray([0.0, 0.4999, 0.5, np.nextafter(np.float32(1), np.float32(0))])
-  assert verify._inverse_cdf(u, dist).tolist() == [1, 1, 3, 3]
+  assert rejection.inverse_cdf(u, dist).tolist() == [1, 1, 3, 3]

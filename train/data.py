@@ -212,7 +212,7 @@ def prompt_sets(files: Sequence[str | pathlib.Path] | None = None, *, limit: int
   Dropped from training: functions named like a HumanEval entry point, and prompts sharing a
   run of `ngram` words with a HumanEval prompt (the contamination test of GPT-3's paper).
   """
-  from models import assets
+  from speculax.models import assets
   heldout = assets.humaneval_prompts()
   if files is None:
     files = split_files(stdlib_files(), 0.1, seed=0)[0]
@@ -327,9 +327,9 @@ def generate_batched(params: Any, config: Any, prompt_ids: Sequence[Sequence[int
   bucket. Batch b samples with fold_in(key, b).
   """
   import jax
-  from decode.generate import GenerateConfig, generate
-  from decode.sampling import SamplingConfig
-  from models import llama
+  from speculax.decode.generate import GenerateConfig, generate
+  from speculax.core.sampling import SamplingConfig
+  from speculax.models import llama
   from tqdm.auto import tqdm
 
   _positive(batch_size, "batch_size")

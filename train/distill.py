@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from configs.models import LlamaConfig
-from core.fields import Checked, field
-from models import llama
-from train import losses
-from train.optim import OptimConfig, make_optimizer
+from speculax.models.config import LlamaConfig
+from speculax.core.fields import Checked, field
+from speculax.models import llama
+from speculax.train import losses
+from speculax.train.optim import OptimConfig, make_optimizer
 
 CE = "ce"  # plain next-token cross-entropy on the (target-generated) tokens: the baseline
 

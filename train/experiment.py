@@ -19,19 +19,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs.meshes import MeshConfig
-from configs.models import LlamaConfig
-from core.fields import Checked, field
-from drafters.heads_io import save_head_drafter
-from models.derive import truncated
-from models.load import LoadedModel, load
-from train import data
-from train.checkpoints import Checkpointer
-from train.distill import DistillConfig, eval_metrics
-from train.heads import HeadsConfig
-from train.loop import Target, fit, sharded_init
-from train.metrics_log import MetricsLog
-from train.teacher_cache import build_teacher_cache
+from speculax.models.sharding import MeshConfig
+from speculax.models.config import LlamaConfig
+from speculax.core.fields import Checked, field
+from speculax.drafters.heads_io import save_head_drafter
+from speculax.models.derive import truncated
+from speculax.models.load import LoadedModel, load
+from speculax.train import data
+from speculax.models.checkpoints import Checkpointer
+from speculax.train.distill import DistillConfig, eval_metrics
+from speculax.train.heads import HeadsConfig
+from speculax.train.loop import Target, fit, sharded_init
+from speculax.train.metrics_log import MetricsLog
+from speculax.train.teacher_cache import build_teacher_cache
 
 
 @dataclasses.dataclass(frozen=True)

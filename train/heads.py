@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from core.fields import Checked, field
-from train import losses
-from train.optim import OptimConfig
+from speculax.core.fields import Checked, field
+from speculax.train import losses
+from speculax.train.optim import OptimConfig
 
 
 @dataclasses.dataclass(frozen=True)

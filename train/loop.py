@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from configs.meshes import MeshConfig, make_mesh
-from configs.models import LlamaConfig
-from decode.generate import GenerateConfig, generate
-from decode.sampling import SamplingConfig
-from models import sharding
-from train.data import batch_rows
-from train.distill import DistillConfig, TrainState, init_state, teacher_topk, train_step
+from speculax.models.sharding import MeshConfig, make_mesh
+from speculax.models.config import LlamaConfig
+from speculax.decode.generate import GenerateConfig, generate
+from speculax.core.sampling import SamplingConfig
+from speculax.models import sharding
+from speculax.train.data import batch_rows
+from speculax.train.distill import DistillConfig, TrainState, init_state, teacher_topk, train_step
 
 Teacher = Callable[[np.ndarray], dict]  # rows [b] -> {"ids", "logprobs"} [b, t, K]
 

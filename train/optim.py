@@ -5,7 +5,7 @@ import dataclasses
 
 import optax
 
-from core.fields import Checked, field
+from speculax.core.fields import Checked, field
 
 
 @dataclasses.dataclass(frozen=True)

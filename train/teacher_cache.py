@@ -34,8 +34,8 @@ import numpy as np
 import tensorstore as ts
 from tqdm.auto import tqdm
 
-from configs.models import LlamaConfig
-from models import llama
+from speculax.models.config import LlamaConfig
+from speculax.models import llama
 
 FORMAT = "speculax-teacher-cache-v1"
 # Full log-probs are n * t * v floats: fine for tiny test vocabularies, not for real ones.

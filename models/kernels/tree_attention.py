@@ -39,8 +39,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from core.fields import Checked, field
-from models.attention import attention, prefix_block_mask
+from speculax.core.fields import Checked, field
+from speculax.models.attention import attention, prefix_block_mask
 
 _NEG = -0.7 * float(jnp.finfo(jnp.float32).max)  # hidden score: finite, exp(_NEG - m) == 0
 _MIN_TILE = 16  # smallest tile dim the Triton dot accepts

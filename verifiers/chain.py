@@ -21,13 +21,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from decode.sampling import SamplingConfig, probs
-
-# Below this residual mass the residual is rounding noise (p == q up to float error), and a
-# rejection there happens with probability about that mass, so falling back to p_j changes the
-# output distribution by at most this much.
-_MIN_RESIDUAL_MASS = 1e-6
-
+from speculax.core import rejection
+from speculax.core.sampling import SamplingConfig, probs
 
 def verify_chain(
     key: jax.Array,
@@ -87,32 +82,11 @@ def _check_shapes(target_logits, draft_tokens, draft_probs, sampling) -> None:
                      f"got shape {draft_probs.shape}")
 
 
-def _accepted_prefix(accept: jax.Array) -> jax.Array:
-  """Length of the leading run of True per row: [b, k] bool -> [b] int32."""
-  return jnp.cumprod(accept.astype(jnp.int32), -1).sum(-1).astype(jnp.int32)
-
-
 def _verify_greedy(target_logits, draft_tokens, checked):
   best = jnp.argmax(target_logits, -1).astype(jnp.int32)  # [b, k+1]
-  n = _accepted_prefix((draft_tokens == best[:, :-1]) & checked)  # [b]
+  n = rejection.accepted_prefix((draft_tokens == best[:, :-1]) & checked)  # [b]
   next_token = jnp.take_along_axis(best, n[:, None], 1)[:, 0]  # [b]
   return n, next_token
-
-
-def _accept(u: jax.Array, px: jax.Array, qx: jax.Array) -> jax.Array:
-  """u < min(1, p/q) for u ~ U[0, 1), written without a division.
-
-  q = 0 (a junk or deterministic proposal) accepts iff p > 0 and p = 0 always rejects, with no
-  inf or NaN on the way.
-  """
-  return u * qx < px
-
-
-def _residual(p: jax.Array, q: jax.Array) -> jax.Array:
-  """normalize(max(0, p - q)) over the last axis, or p where that has (numerically) no mass."""
-  r = jnp.maximum(p - q, 0.0)
-  mass = r.sum(-1, keepdims=True)
-  return jnp.where(mass > _MIN_RESIDUAL_MASS, r / jnp.maximum(mass, _MIN_RESIDUAL_MASS), p)
 
 
 def _verify_sampled(key, target_logits, draft_tokens, draft_probs, sampling, checked):
@@ -125,24 +99,9 @@ def _verify_sampled(key, target_logits, draft_tokens, draft_probs, sampling, che
   u = jax.random.uniform(key, (b, k + 1))  # [b, k+1]
   px = jnp.take_along_axis(p[:, :k], draft_tokens[..., None], -1)[..., 0]  # [b, k]
   qx = jnp.take_along_axis(q, draft_tokens[..., None], -1)[..., 0]  # [b, k]
-  n = _accepted_prefix(_accept(u[:, :k], px, qx) & checked)  # [b]
+  n = rejection.accepted_prefix(rejection.accept(u[:, :k], px, qx) & checked)  # [b]
   # A zero q row at position k makes the residual there p_k itself: the bonus draw.
   q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], 1)  # [b, k+1, v]
   rows = jnp.arange(b)
-  dist = _residual(p[rows, n], q_pad[rows, n])  # [b, v] only the row that is needed
-  return n, _inverse_cdf(u[:, k], dist)
-
-
-def _inverse_cdf(u: jax.Array, dist: jax.Array) -> jax.Array:
-  """One token per row from dist [b, v] (unnormalized is fine) with uniforms u [b] -> [b] int32.
-
-  Needs b uniforms where `jax.random.categorical` needs b * v Gumbel draws (the whole vocab per
-  row), and it never returns a zero-probability token: such a token's cdf equals its
-  predecessor's, so the first index whose cdf exceeds u * total is never it (and the clip to the
-  last positive entry covers u * total rounding up to the total).
-  """
-  v = dist.shape[-1]
-  cdf = jnp.cumsum(dist, -1)  # [b, v]
-  idx = jnp.sum(cdf <= (u * cdf[:, -1])[:, None], -1)  # [b] first index with cdf > u * total
-  last_positive = v - 1 - jnp.argmax(dist[:, ::-1] > 0, -1)  # [b]
-  return jnp.minimum(idx, last_positive).astype(jnp.int32)
+  dist = rejection.residual(p[rows, n], q_pad[rows, n])  # [b, v] only the row that is needed
+  return n, rejection.inverse_cdf(u[:, k], dist)

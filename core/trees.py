@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from core.fields import Checked, field
+from speculax.core.fields import Checked, field
 
 
 @dataclasses.dataclass(frozen=True)

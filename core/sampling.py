@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from core.fields import Checked, field
+from speculax.core.fields import Checked, field
 
 
 @dataclasses.dataclass(frozen=True)

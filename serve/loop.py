@@ -21,11 +21,11 @@ from collections.abc import Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from core import fields
-from decode.inputs import check_prompt, check_room
-from decode.recording import Recording
-from decode.speculative import SpecConfig, block_shape, speculative_generate
-from train.online import OnlineLearner, served_row
+from speculax.core import fields
+from speculax.decode.inputs import check_prompt, check_room
+from speculax.serve.recording import Recording
+from speculax.decode.speculative import SpecConfig, block_shape, speculative_generate
+from speculax.serve.online import OnlineLearner, served_row
 
 
 @dataclasses.dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from core.fields import Checked, field
+from speculax.core.fields import Checked, field
 
 DType = Literal["float32", "bfloat16", "float16"]
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from decode.sampling import SamplingConfig, probs
-from decode.trees import children_table, depths, path_to
-from decode.verify import _accept, _inverse_cdf, _residual
+from speculax.core import rejection
+from speculax.core.sampling import SamplingConfig, probs
+from speculax.core.trees import children_table, depths, path_to
 
 
 def verify_tree(
@@ -108,14 +108,14 @@ def _sampled_walk(key, target_logits, tokens, parents, draft_probs, sampling, de
       qx = q_try[rows, x]
       if q is not None:  # a sibling from an exhausted law (no mass left) was never a real draw
         live &= qx > 0
-      keep = live & _accept(u_try[:, d * max_children + r], p[rows, x], qx)
+      keep = live & rejection.accept(u_try[:, d * max_children + r], p[rows, x], qx)
       drop = live & ~keep
       p = jnp.where(keep[:, None], p_all[rows, jnp.maximum(child, 0)],
-                    jnp.where(drop[:, None], _residual(p, q_try), p))
+                    jnp.where(drop[:, None], rejection.residual(p, q_try), p))
       if q is not None and without_replacement:
         q_less = q.at[rows, x].set(0.0)
         q = jnp.where(drop[:, None], q_less / jnp.maximum(q_less.sum(-1, keepdims=True), 1e-30), q)
       node = jnp.where(keep, child, node)
       moved |= keep
     stopped |= ~moved
-  return node, _inverse_cdf(u_next, p)
+  return node, rejection.inverse_cdf(u_next, p)

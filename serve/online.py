@@ -24,13 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs.models import LlamaConfig
-from core.fields import Checked, field
-from train.losses import Divergence
-from train.checkpoints import Checkpointer
-from train.distill import DistillConfig, eval_metrics, init_state, train_step
-from train.optim import OptimConfig
-from train.replay import Policy, ReplayBuffer
+from speculax.models.config import LlamaConfig
+from speculax.core.fields import Checked, field
+from speculax.train.losses import Divergence
+from speculax.models.checkpoints import Checkpointer
+from speculax.train.distill import DistillConfig, eval_metrics, init_state, train_step
+from speculax.train.optim import OptimConfig
+from speculax.serve.replay import Policy, ReplayBuffer
 
 
 @dataclasses.dataclass(frozen=True)

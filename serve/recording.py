@@ -19,8 +19,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from core.fields import Checked, field
-from drafters.base import TargetView, Verified
+from speculax.core.fields import Checked, field
+from speculax.core.types import TargetView, Verified
 
 
 @flax.struct.dataclass

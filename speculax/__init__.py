@@ -1,0 +1,1 @@
+"""speculax: speculative decoding research in JAX (public API; see README)."""

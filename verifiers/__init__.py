@@ -1,0 +1,1 @@
+"""How a drafted block is checked: chain and tree verifiers behind one interface."""
