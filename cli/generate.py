@@ -7,13 +7,14 @@ import time
 
 import jax
 
-from speculax.cli.args import count
-from speculax.models.sharding import MeshConfig
-from speculax.decode.generate import GenerateConfig, generate
+from speculax.cli.args import build_drafter, count
 from speculax.core.sampling import SamplingConfig
-from speculax.decode.speculative import SpecConfig, speculative_generate
 from speculax.core.trees import parse_tree
+from speculax.decode.config import GenerateConfig, SpecConfig
+from speculax.decode.generate import generate
+from speculax.decode.speculative import speculative_generate
 from speculax.drafters import registry
+from speculax.models.sharding import MeshConfig
 
 DEFAULT_HUMANEVAL = 4
 
@@ -40,8 +41,9 @@ def add_parser(sub) -> None:
                  help="keep the k most likely tokens; 0 = off")
   p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off")
   p.add_argument("--seed", type=count(0), default=0, help="random seed for sampling")
-  p.add_argument("--drafter", default="none", choices=registry.NAMES,
-                 help="speculative decoding drafter; none = plain autoregressive decoding")
+  p.add_argument("--drafter", default="none", choices=("none", *registry.KINDS),
+                 help="speculative decoding drafter; none = plain autoregressive decoding. "
+                      + registry.describe())
   p.add_argument("-k", type=count(1), default=5, help="draft tokens per verify step (chains)")
   p.add_argument("--tree", default=None, metavar="SHAPE",
                  help="draft a token tree: 'full:3,2,1' (children per level) or "
@@ -54,10 +56,11 @@ def add_parser(sub) -> None:
   p.add_argument("--draft-model", default=None,
                  help="draft-model: a preset, .gguf file or HF folder sharing the target's "
                       "vocabulary (default: the target's first --draft-layers layers, untrained)")
-  p.add_argument("--draft-layers", type=count(1), default=4,
-                 help="draft-model: layers of the target to cut the default draft model from")
+  p.add_argument("--draft-layers", type=count(1), default=None,
+                 help="draft-model: layers of the target to cut the default draft model from "
+                      "(default 4)")
   p.add_argument("--heads", default=None, metavar="FOLDER",
-                 help=f"head drafters ({', '.join(registry.HEADS)}): the run folder (drafter.json "
+                 help=f"trained drafters ({', '.join(registry.TRAINED)}): the run folder (drafter.json "
                       "+ drafter_params) that `speculax train --config "
                       "configs/<drafter>_smollm2.py` writes; -k at most its number of heads")
   p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
@@ -80,7 +83,13 @@ def run(args) -> int:
 
   sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
   mesh, tree = _mesh(args.mesh), parse_tree(args.tree)
-  registry.check_heads(args.drafter, args.heads)  # before the model load, which takes seconds
+  options = _options(args, tree)
+  if args.drafter != "none":  # before the model load, which takes seconds
+    registry.check_options(args.drafter, **options)
+  elif any(v is not None for v in options.values()):
+    given = ", ".join(k for k, v in options.items() if v is not None)
+    raise ValueError(f"--drafter none (autoregressive decoding) takes no drafter options, got "
+                     f"{given}")
   if args.prompt and any(not p.strip() for p in args.prompt):
     raise ValueError("--prompt is empty")
   texts = args.prompt or humaneval_prompts(args.humaneval)
@@ -91,7 +100,8 @@ def run(args) -> int:
         f"vocab {model.config.vocab_size}) on {jax.devices()[0].platform}", file=sys.stderr)
   tok = model.tokenizer
   prompts = [tok.encode(x if args.raw else tok.chat_prompt(x)) for x in texts]
-  drafter, dparams = _drafter(args, model, load, tree)
+  drafter, dparams = (None, None) if args.drafter == "none" else build_drafter(
+      args.drafter, model, load, options, args.k)
   key = jax.random.key(args.seed)
   if drafter is None:
     gen = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, eos_ids=tok.eos_ids)
@@ -108,25 +118,11 @@ def run(args) -> int:
   return 0
 
 
-def _drafter(args, model, load, tree):
-  """The drafter the flags ask for, and its params."""
-  if args.drafter == "none":
-    return None, None
+def _options(args, tree) -> dict:
+  """The registry options the flags set (None: not set); --draft-model is still a name here."""
   skip = None if args.skip is None else _ints(args.skip, "--skip")
-  calibration = None
-  if args.drafter == "layer-skip" and skip is None:
-    from speculax.models.assets import humaneval_prompts
-    tok = model.tokenizer
-    calibration = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(4)]
-  draft = None
-  if args.draft_model is not None:
-    other = load(args.draft_model)
-    draft = (other.config, other.params)
-  drafter, dparams = registry.make(args.drafter, model.params, model.config, k=args.k,
-                                   calibration=calibration, skip=skip, draft=draft,
-                                   draft_layers=args.draft_layers, tree=tree, heads=args.heads)
-  print(f"drafter: {drafter}", file=sys.stderr)
-  return drafter, dparams
+  return {"tree": tree, "heads": args.heads, "skip": skip, "draft": args.draft_model,
+          "draft_layers": args.draft_layers}
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:

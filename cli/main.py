@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from speculax.cli import generate
-from speculax.cli import serve_bench
-from speculax.cli import train
+from speculax.cli import generate, serve_bench, train
 from speculax.cli.args import Parser, fail
 
 

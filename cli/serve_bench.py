@@ -16,14 +16,14 @@ import time
 import jax
 import numpy as np
 
-from speculax.cli.args import count
+from speculax.cli.args import build_drafter, count
 from speculax.core.sampling import SamplingConfig
-from speculax.serve.loop import BatchReport, serve
-from speculax.decode.speculative import SpecConfig
+from speculax.decode.config import SpecConfig
 from speculax.drafters import registry
-from speculax.train.losses import DIVERGENCES
+from speculax.serve.loop import BatchReport, serve
 from speculax.serve.online import OnlineConfig, OnlineLearner
 from speculax.serve.replay import POLICIES
+from speculax.train.losses import DIVERGENCES
 
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -39,13 +39,13 @@ def add_parser(sub) -> None:
   p.add_argument("prompts", help="a .jsonl stream ({\"prompt\", \"chat\", \"phase\"} per line) "
                                  "or a text file with one chat prompt per line")
   p.add_argument("--model", default="smollm2-135m", help="target: preset, .gguf or HF folder")
-  p.add_argument("--drafter", default="draft-model", choices=registry.NAMES[1:],
+  p.add_argument("--drafter", default="draft-model", choices=tuple(registry.KINDS),
                  help="drafter; --online trains draft-model only (token-recycling adapts by "
-                      "carrying its matrix from batch to batch)")
+                      "carrying its matrix from batch to batch). " + registry.describe())
   p.add_argument("--draft-model", default=None,
                  help="draft-model: preset, .gguf or HF folder (default: a cut of the target)")
-  p.add_argument("--draft-layers", type=count(1), default=4,
-                 help="draft-model: layers of the target the default cut keeps")
+  p.add_argument("--draft-layers", type=count(1), default=None,
+                 help="draft-model: layers of the target the default cut keeps (default 4)")
   p.add_argument("--heads", default=None, metavar="FOLDER", help="head drafters: trained folder")
   p.add_argument("-k", type=count(1), default=4, help="draft tokens per verify step")
   p.add_argument("--batch-size", type=count(1), default=4, help="requests decoded together")
@@ -161,13 +161,10 @@ def run(args) -> int:
                           heldout_every=args.heldout_every, seed=args.seed)
   spec = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens,
                     sampling=SamplingConfig(args.temperature), prompt_bucket=128)
+  options = {"heads": args.heads, "draft": args.draft_model, "draft_layers": args.draft_layers}
+  registry.check_options(args.drafter, **options)
   model = load(args.model)
-  draft = None
-  if args.draft_model is not None:
-    other = load(args.draft_model)
-    draft = (other.config, other.params)
-  drafter, dparams = registry.make(args.drafter, model.params, model.config, k=args.k,
-                                   draft=draft, draft_layers=args.draft_layers, heads=args.heads)
+  drafter, dparams = build_drafter(args.drafter, model, load, options, args.k)
   learner = None if online is None else OnlineLearner(dparams, drafter.config, online,
                                                       args.checkpoint)
   if learner is not None and learner.rounds:

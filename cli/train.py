@@ -56,7 +56,6 @@ def overridden(exp, *, steps: int | None = None, out_dir: str | None = None):
 
 
 def run(args) -> int:
-  from speculax.drafters.heads_io import kind_of
   from speculax.train.experiment import run as run_experiment
   exp = overridden(load_experiment(args.config), steps=args.steps, out_dir=args.out_dir)
   result = run_experiment(exp)
@@ -67,7 +66,7 @@ def run(args) -> int:
     before, after = result["heldout_before"], result["heldout_after"]
     for name in ("acceptance", "top1"):
       print(f"  held-out {name} by depth: {_by_depth(before, name)} -> {_by_depth(after, name)}")
-    print(f"  decode with: speculax generate --drafter {kind_of(exp.distill.drafter)} --heads "
+    print(f"  decode with: speculax generate --drafter {exp.distill.drafter.name} --heads "
           f"{result['heads']} -k {_depths(after)}")
   return 0
 

@@ -2,9 +2,8 @@
 training-time-test rollouts on the drafter's own features. Output in runs/eagle3-smollm2."""
 import dataclasses
 
-from speculax.drafters.eagle import Eagle
-
 from speculax.configs.eagle_smollm2 import EXPERIMENT as EAGLE
+from speculax.drafters.eagle import Eagle
 
 EXPERIMENT = dataclasses.replace(
     EAGLE, name="eagle3-smollm2",

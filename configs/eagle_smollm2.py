@@ -6,10 +6,8 @@ head trains alongside. Ends with drafter.json + drafter_params in runs/eagle-smo
 """
 import dataclasses
 
-from speculax.drafters.eagle import Eagle
-from speculax.train.heads import HeadsConfig
-
 from speculax.configs.medusa_smollm2 import EXPERIMENT as MEDUSA
+from speculax.drafters.eagle import Eagle
 
 EXPERIMENT = dataclasses.replace(
     MEDUSA, name="eagle-smollm2",

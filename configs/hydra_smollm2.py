@@ -5,9 +5,8 @@ log-probs (the teacher-distillation objective). Output in runs/hydra-smollm2, fo
 """
 import dataclasses
 
-from speculax.drafters.hydra import Hydra
-
 from speculax.configs.medusa_smollm2 import EXPERIMENT as MEDUSA
+from speculax.drafters.hydra import Hydra
 
 EXPERIMENT = dataclasses.replace(
     MEDUSA, name="hydra-smollm2",

@@ -60,3 +60,9 @@ class Verified:
   hidden: jax.Array  # [len(drafter.hidden_layers), b, n + 1, d] the target's features there
   path: jax.Array  # [b, depth + 1] int32 kept block nodes from the root (a chain: 0, 1, ...)
   n_accepted: jax.Array  # [b] int32 drafts kept
+  next_token: jax.Array  # [b] int32 the target's token after them (correction or bonus)
+
+  @property
+  def kept(self) -> jax.Array:
+    """[b, depth] int32 the kept path's tokens (valid up to n_accepted)."""
+    return jnp.take_along_axis(self.block, self.path[:, 1:], 1)

@@ -23,6 +23,7 @@ class DecodeOutput:
   accepted_at: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
   drafted: int = 0  # draft tokens the target checked (k per step, fewer with adaptive length)
   drafter_state: Any = None  # the drafter's final state (e.g. a Token Recycling matrix to reuse)
+  texts: list[str] | None = None  # the new tokens decoded, when the caller had a tokenizer
 
   @property
   def new_tokens(self) -> int:

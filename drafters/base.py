@@ -1,60 +1,118 @@
-"""The drafter protocol the decode loop calls without knowing the drafter's kind.
+"""The drafter interface: what the decode loop, the trainers, the registry and the CLI read.
 
-A drafter is a small frozen dataclass (static, hashable: it is a jit static argument) plus a
-pytree state that rides in the loop state. Arrays a drafter reads but never changes (a draft
-model's weights) are its `params`, passed apart from the donated loop state.
+A drafter is a frozen dataclass subclassing `Drafter` (static, hashable: a jit static argument;
+its fields are checked when it is built, core/fields.py) plus a pytree state that rides in the
+loop state. Arrays it reads but never changes (a draft model's weights, trained heads) are its
+`params`, passed apart from the donated loop state. Every attribute anything reads is declared
+here with its default; a drafter overrides what it needs.
 
-Invariant shared with the loop: `view.history[b, :lengths[b]]` holds the prompt and every token
-emitted so far; the target cache holds all of them but the last (the pending token the next
-verify step feeds first). A drafter may write the target cache only at slots >= lengths - 1:
-the verify forward overwrites those.
+The loop's invariant (core/types.py): `view.history[b, :lengths[b]]` holds the prompt and every
+token emitted so far; the target cache holds all of them but the pending last one.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+import abc
+import os
+from typing import Any, ClassVar
 
-import flax.struct
 import jax
 
+from speculax.core.fields import Checked
+from speculax.core.sampling import SamplingConfig
+from speculax.core.trees import Tree
+from speculax.core.types import Draft, TargetView, Verified
+from speculax.drafters import heads_io
 from speculax.models.config import LlamaConfig
-from speculax.models.kvcache import KVCache
+from speculax.verifiers.base import Verifier
+from speculax.verifiers.chain import ChainVerifier
+from speculax.verifiers.tree import TreeVerifier
 
 
-class Drafter(Protocol):
-  tree: Any  # decode.trees.StaticTree | DynamicTree, or None for a chain of k drafts
-  # Optional: hidden_layers, the target features `Verified.hidden` carries (default (-1,):
-  # the final-normed features) and `TargetView.prompt_hidden` holds in `init` (head drafters
-  # read them; drafters without the attribute get no prompt features).
+class Drafter(Checked, abc.ABC):
+  # --- what the registry and the CLI show (drafters/registry.py) ---
+  name: ClassVar[str]  # the registry and CLI name, e.g. "prompt-lookup"
+  summary: ClassVar[str]  # one line for --help
+  # Trained on the target's features and loaded from a run folder (drafters/heads_io.py), with
+  # `init_params` and `train_outputs` for train/heads.py.
+  trained: ClassVar[bool] = False
+  # A serving loop passes each batch's final state back as the next batch's params.
+  hot_start: ClassVar[bool] = False
+
+  # --- what the decode loop reads ---
+  tree: Tree | None = None  # a tree drafted instead of a chain of k (a field where supported)
+  # Target hidden states (Hugging Face indexing) the drafter reads: the prefill's at init
+  # (TargetView.prompt_hidden) and the verify step's (Verified.hidden); () for none.
+  hidden_layers: tuple[int, ...] = ()
+
+  @classmethod
+  def build(cls, params, config: LlamaConfig, *, heads: str | os.PathLike,
+            tree: Tree | None = None) -> tuple[Drafter, Any]:
+    """(drafter, its params) for the target (params, config), from keyword options (the
+    registry's `make` checks them). This default serves trained drafters: load the run folder
+    `heads` that `speculax train` wrote. Train-free drafters override it."""
+    if not cls.trained:
+      raise NotImplementedError(f"{cls.__name__} must define build()")
+    return heads_io.load_head_drafter(heads, cls, config, tree)
+
+  def verifier(self) -> Verifier:
+    """How the loop checks this drafter's drafts."""
+    return ChainVerifier() if self.tree is None else TreeVerifier(self.tree)
 
   def check(self, target: LlamaConfig, params, k: int) -> None:
-    """Host-side validation before anything is compiled; raises ValueError naming the value."""
+    """Host-side, before anything compiles: raises ValueError naming what does not fit."""
+    if self.tree is not None and self.tree.max_children > target.vocab_size:
+      raise ValueError(f"tree asks {self.tree.max_children} candidates per node, more than the "
+                       f"vocabulary size {target.vocab_size}")
+    if self.trained:
+      self.check_params(target, params)
 
   def prepare(self, params):
     """Host-side, once per call: the drafter's params in the form `propose` reads."""
+    return params
 
   def init(self, params, view: TargetView, config: LlamaConfig, max_len: int) -> Any:
     """State after the target's prefill (history holds the prompt and the first new token)."""
+    return ()
 
+  @abc.abstractmethod
   def propose(self, params, state, view: TargetView, key: jax.Array, config: LlamaConfig,
-              k: int, sampling) -> tuple[Draft, Any, TargetView]:
-    """k draft tokens continuing each row of view.history."""
+              k: int, sampling: SamplingConfig) -> tuple[Draft, Any, TargetView]:
+    """k draft tokens (or the tree's nodes) continuing each row of view.history."""
 
   def update(self, params, state, view: TargetView, verified: Verified) -> Any:
     """After verification: view has the new history and lengths."""
-
-
-class Stateless:
-  """Defaults for chain drafters without params or state of their own (subclass, add propose)."""
-  tree = None
-
-  def check(self, target: LlamaConfig, params, k: int) -> None:
-    pass
-
-  def prepare(self, params):
-    return params
-
-  def init(self, params, view: TargetView, config: LlamaConfig, max_len: int):
-    return ()
-
-  def update(self, params, state, view: TargetView, verified: Verified):
     return state
+
+  # --- trained drafters (train/heads.py) ---
+
+  def init_params(self, config: LlamaConfig, key: jax.Array | None = None) -> dict:
+    """Initial trainable params for a target of `config`."""
+    raise NotImplementedError(f"{type(self).__name__} has no trainable params")
+
+  def train_outputs(self, params, frozen, config: LlamaConfig, batch: dict, key) -> dict:
+    """Per-depth logits [b, t, J, v] (and optional aux_loss, accept_logits, metrics)."""
+    raise NotImplementedError(f"{type(self).__name__} is not trained on target features")
+
+  def check_params(self, target: LlamaConfig, params) -> None:
+    """Trained params must have the tree and shapes `init_params` gives for this target."""
+    if params is None:
+      raise ValueError(f"the {type(self).__name__} drafter needs its trained params "
+                       f"(drafter_params=...)")
+    want = _shapes(jax.eval_shape(lambda: self.init_params(target)))
+    got = _shapes(params)
+    missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
+    wrong = {k: got[k] for k in want.keys() & got.keys() if got[k] != want[k]}
+    if missing or extra or wrong:
+      raise ValueError(
+          f"{type(self).__name__} params do not fit this drafter on this target (d_model "
+          f"{target.d_model}, vocab {target.vocab_size}): "
+          + "; ".join(x for x in (f"missing {missing}" if missing else "",
+                                  f"unexpected {extra}" if extra else "",
+                                  f"shapes {wrong}, expected "
+                                  f"{ {k: want[k] for k in wrong} }" if wrong else "") if x)
+          + ". Were they trained on another target, or with other drafter settings?")
+
+
+def _shapes(params) -> dict[str, tuple[int, ...]]:
+  return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(params)}

@@ -4,9 +4,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from speculax.models.config import LlamaConfig
 from speculax.core.sampling import SamplingConfig, probs, sample
 from speculax.models import llama
+from speculax.models.config import LlamaConfig
 from speculax.models.kvcache import KVCache
 
 

@@ -6,31 +6,46 @@ and after verification it is rolled back by length arithmetic, exactly like the 
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax.numpy as jnp
 
-from speculax.models.config import LlamaConfig
-from speculax.core.fields import Checked
 from speculax.core.trees import Tree
 from speculax.core.types import Draft, TargetView, Verified
+from speculax.drafters.base import Drafter
 from speculax.drafters.chain import draft_chain
-from speculax.drafters.tree_draft import check_tree, draft_tree
+from speculax.drafters.tree_draft import draft_tree
 from speculax.models import llama
+from speculax.models.config import LlamaConfig
+from speculax.models.derive import truncated
 from speculax.models.kvcache import KVCache
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftModel(Checked):
+class DraftModel(Drafter):
+  name: ClassVar[str] = "draft-model"
+  summary: ClassVar[str] = ("a smaller model of the same vocabulary (default: a cut of the "
+                            "target's layers; distil it with `speculax train`); chain or tree")
   config: LlamaConfig
   tree: Tree | None = None  # None: a chain of k drafts
 
+  @classmethod
+  def build(cls, params, config, *, draft=None, draft_layers: int = 4,
+            tree: Tree | None = None):
+    """`draft` = (config, params) of a model sharing the vocabulary, or else the target's first
+    `draft_layers` layers (an untrained cut)."""
+    if draft is None:
+      draft = truncated(params, config, range(draft_layers))
+    draft_config, draft_params = draft
+    return cls(draft_config, tree), draft_params
+
   def check(self, target: LlamaConfig, params, k: int) -> None:
+    super().check(target, params, k)
     if self.config.vocab_size != target.vocab_size:
       raise ValueError(f"draft model vocabulary size {self.config.vocab_size} differs from the "
                        f"target's {target.vocab_size}; they must share one vocabulary")
     if params is None:
       raise ValueError("a DraftModel drafter needs its params (drafter_params=...)")
-    check_tree(self.tree, target.vocab_size)
 
   def prepare(self, params):
     return llama.unstack_layers(params) if not isinstance(params["layers"], tuple) else params
@@ -45,7 +60,7 @@ class DraftModel(Checked):
     return cache.with_lengths(view.lengths - 1)
 
   def propose(self, params, state: KVCache, view: TargetView, key, config, k: int, sampling):
-    last = view.history[jnp.arange(view.history.shape[0]), view.lengths - 1]
+    last = view.pending
     if self.tree is not None:
       tokens, q, parents, state = draft_tree(params, self.config, state, last, key, self.tree,
                                              sampling, feed_leaves=True)

@@ -29,6 +29,7 @@ Dims: b batch, t time, l feature layers, d model, v vocab, s ttt steps.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import flax.struct
 import jax
@@ -36,12 +37,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from speculax.core.fields import Checked, field
+from speculax.core.fields import field
 from speculax.core.sampling import SamplingConfig, probs, sample
 from speculax.core.trees import Tree
 from speculax.core.types import Draft, TargetView, Verified
+from speculax.drafters.base import Drafter
 from speculax.drafters.feature_layer import init_layer, layer_config, run_layer
-from speculax.drafters.tree_draft import check_tree, grow_tree
+from speculax.drafters.tree_draft import grow_tree
 from speculax.models import llama
 from speculax.models.kvcache import KVCache
 
@@ -54,7 +56,11 @@ class EagleState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Eagle(Checked):
+class Eagle(Drafter):
+  name: ClassVar[str] = "eagle"
+  summary: ClassVar[str] = ("an EAGLE decoder layer drafting in the target's feature space "
+                            "(EAGLE-2 trees, EAGLE-3 features, SpecDec++ stop; trained)")
+  trained: ClassVar[bool] = True
   feature_layers: tuple[int, ...] = (-1,)  # target hidden states fused into g (HF indexing)
   # Training rollout steps on the drafter's own features (EAGLE-3: > 1).
   ttt_steps: int = field(1, ge=1)
@@ -81,21 +87,10 @@ class Eagle(Checked):
     return self.feature_layers
 
   def check(self, target, params, k: int) -> None:
-    if params is None:
-      raise ValueError("an EAGLE drafter needs its params (drafter_params=...)")
-    want = jax.tree.map(lambda x: x.shape, jax.eval_shape(lambda: self.init_params(target)))
-    got = jax.tree.map(lambda x: tuple(x.shape), params)
-    if jax.tree.structure(got) != jax.tree.structure(want) or got != want:
-      raise ValueError(f"EAGLE params do not fit this target (d_model {target.d_model}, "
-                       f"{len(self.feature_layers)} feature layers): were they trained on "
-                       f"another target? expected {_flat(want)}, got {_flat(got)}")
     for i in self.feature_layers:
       if not -(target.n_layers + 1) <= i <= target.n_layers:
         raise ValueError(f"feature layer {i} out of range for {target.n_layers} layers")
-    check_tree(self.tree, target.vocab_size)
-
-  def prepare(self, params):
-    return params
+    super().check(target, params, k)
 
   def init_params(self, config, key=None) -> dict:
     """A residual identity to start from, as zero Medusa heads: fc passes g through (the
@@ -202,7 +197,7 @@ class Eagle(Checked):
     f, tokens = batch["hidden"], batch["tokens"]  # [l, b, t, d], [b, t]
     b, t = tokens.shape
     nxt = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], 1)  # [b, t] token i + 1 (last: pad)
-    x1 = _entries(params, frozen, _fuse(params, f), nxt)  # [b, t, d]
+    x1 = _entries(params, frozen, config, _fuse(params, f), nxt)  # [b, t, d]
     xs, logits, accept, out = [x1], [], [], {}
     for s in range(1, self.ttt_steps + 1):
       x = jnp.concatenate(xs, 1)  # [b, s t, d] every step's entries so far
@@ -220,7 +215,7 @@ class Eagle(Checked):
         reg = (err * mask2).sum() / jnp.maximum(mask2.sum(), 1)
         out = {"aux_loss": self.feature_weight * reg, "metrics": {"feature_loss": reg}}
       g = jnp.concatenate([jnp.zeros_like(a[:, :1]), a[:, :-1]], 1)  # entry i reads a_{i-1}
-      xs.append(_entries(params, frozen, g, nxt))
+      xs.append(_entries(params, frozen, config, g, nxt))
     # The acceptance head always trains (it is tiny), so one trained drafter runs with or
     # without a stop threshold.
     return out | {"logits": jnp.stack(logits, 2), "accept_logits": jnp.stack(accept, 2)}
@@ -240,16 +235,16 @@ def ttt_mask(t: int, s: int) -> np.ndarray:
   return real | own
 
 
-def _entries(params, frozen, g, tokens):
+def _entries(params, frozen, config, g, tokens):
   """x = W [g; e(token)]: g [b, t, d], tokens [b, t] -> [b, t, d]."""
-  e = jnp.take(frozen["embed"], tokens, axis=0).astype(jnp.float32)
+  e = llama.embed(frozen, config, tokens).astype(jnp.float32)
   return jnp.concatenate([g, e], -1) @ params["fc"]
 
 
 def _step(params, frozen, config, g, tokens, positions, cache: KVCache, new_mask):
   """Appends entries (g [b, t, d], tokens [b, t]) at positions to the draft cache; returns the
   drafter's features a [b, t, d] and the cache. new_mask [b, t, u] as KVCache.attention_mask."""
-  y, cache = run_layer(params["layer"], config, _entries(params, frozen, g, tokens), positions,
+  y, cache = run_layer(params["layer"], config, _entries(params, frozen, config, g, tokens), positions,
                        cache, new_mask)
   return llama.rms_norm(y, params["norm"], config.norm_eps), cache
 
@@ -275,7 +270,3 @@ def _accept_logit(params, a, logits):
   prior = jax.scipy.special.logit(jnp.clip(conf, 1e-6, 1 - 1e-6))  # finite at conf 1
   return prior + a @ params["accept"]["w"] + params["accept"]["b"]
 
-
-def _flat(shapes) -> str:
-  return ", ".join(f"{jax.tree_util.keystr(p)}: {s}" for p, s in
-                   jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))[0])

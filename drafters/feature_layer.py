@@ -21,14 +21,14 @@ from speculax.models.kvcache import KVCache
 
 def layer_config(config):
   """The layer's config: one decoder layer of the target's, plain XLA attention."""
-  return dataclasses.replace(config, n_layers=1, attention_impl="xla")
+  return dataclasses.replace(config, n_layers=1).with_runtime(attention_impl="xla")
 
 
 @functools.partial(jax.jit, static_argnums=0)  # one compile per config, not an eager op at a time
 def init_layer(config, key: jax.Array) -> dict:
   """Block params with zero output projections (attention and MLP): the identity at first."""
   cfg = layer_config(config)
-  x = jnp.zeros((1, 1, cfg.d_model), jnp.dtype(cfg.dtype))
+  x = jnp.zeros((1, 1, cfg.d_model), jnp.dtype(cfg.runtime.dtype))
   ctx = (*llama.rope_tables(cfg, jnp.zeros((1, 1), jnp.int32)), None, jnp.ones((1, 1, 1), bool),
          None)
   params = nn.unbox(llama.Block(cfg).init(key, x, None, ctx)["params"])

@@ -32,16 +32,18 @@ Dims: b batch, t time, w level width, p path length, j heads, d model, v vocab.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculax.core.fields import Checked, field
+from speculax.core.fields import field
 from speculax.core.sampling import SamplingConfig
 from speculax.core.trees import StaticTree, Tree
 from speculax.core.types import Draft, TargetView, Verified
+from speculax.drafters.base import Drafter
 from speculax.drafters.feature_layer import init_layer, layer_config, run_layer
 from speculax.drafters.tree_draft import check_heads, grow_tree
 from speculax.models import llama
@@ -56,33 +58,20 @@ class HydraState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Hydra(Checked):
+class Hydra(Drafter):
+  name: ClassVar[str] = "hydra"
+  summary: ClassVar[str] = ("Hydra heads that read the drafted prefix (Hydra++ options; trained; "
+                            "chain or any tree)")
+  trained: ClassVar[bool] = True
+  hidden_layers: ClassVar[tuple[int, ...]] = (-1,)  # the final-normed features
   n_heads: int = field(4, ge=1)
   tree: Tree | None = None  # None: a chain of k <= n_heads drafts
   prefix_attention: bool = False  # Hydra++: a causal decoder layer over the context's features
   mlp_layers: int = field(1, ge=1)  # residual SiLU blocks per head (Hydra++: 4)
-  hidden_layers = (-1,)  # the verify forward's features the drafter reads (final-normed)
 
   def check(self, target, params, k: int) -> None:
-    if params is None:
-      raise ValueError("a Hydra drafter needs its head params (drafter_params=...)")
-    want = _shapes(jax.eval_shape(lambda: self.init_params(target)))
-    got = _shapes(params)
-    if want.keys() != got.keys():
-      missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
-      raise ValueError(f"Hydra params {f'lack {missing}' if missing else ''}"
-                       f"{' and ' if missing and extra else ''}"
-                       f"{f'have unexpected {extra}' if extra else ''} for {self}: were they "
-                       f"made with other n_heads, prefix_attention or mlp_layers?")
-    wrong = {name: got[name] for name in want if got[name] != want[name]}
-    if wrong:
-      raise ValueError(f"Hydra params have shapes {wrong}, but this target (d_model "
-                       f"{target.d_model}) needs {({name: want[name] for name in wrong})}: were "
-                       f"they trained on another target?")
-    check_heads(self.tree, k, self.n_heads, target.vocab_size)
-
-  def prepare(self, params):
-    return params
+    super().check(target, params, k)
+    check_heads(self.tree, k, self.n_heads)
 
   def init(self, params, view: TargetView, config, max_len: int) -> HydraState:
     """The base at the last prompt token from the prefill's features; with prefix_attention,
@@ -101,7 +90,7 @@ class Hydra(Checked):
   def propose(self, params, state: HydraState, view: TargetView, key, config, k: int,
               sampling: SamplingConfig):
     tree = self.tree if self.tree is not None else StaticTree.chain(k)
-    last = view.history[jnp.arange(state.base.shape[0]), view.lengths - 1]
+    last = view.pending
     tokens, q, parents = draft_heads(params, view.params, config, state.base, last, key, tree,
                                      sampling)
     return Draft(tokens=tokens, probs=q, parents=None if self.tree is None else parents), \
@@ -140,16 +129,11 @@ class Hydra(Checked):
     if self.prefix_attention:
       positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), tokens.shape)
       h, _ = run_layer(params["prefix"], config, h, positions)
-    e = embed(frozen, config, tokens)  # [b, t, d]
+    e = llama.embed(frozen, config, tokens)  # [b, t, d]
     ahead = jnp.stack([jnp.pad(e[:, m:], ((0, 0), (0, m), (0, 0))) for m in
                        range(1, self.n_heads + 1)], 2)  # [b, t, j, d]: ahead[:, i, m - 1] = e_{i+m}
     return {"logits": jnp.stack([head_logits(params[f"head{j}"], frozen, config, h, ahead[:, :, :j])
                                  for j in range(1, self.n_heads + 1)], 2)}  # [b, t, j, v]
-
-
-def embed(target_params, config, tokens: jax.Array) -> jax.Array:
-  """Token ids [...] -> the target's input embeddings [..., d]."""
-  return jnp.take(target_params["embed"], tokens, axis=0).astype(jnp.dtype(config.dtype))
 
 
 def head_logits(head: dict, target_params, config, base: jax.Array, path: jax.Array) -> jax.Array:
@@ -166,19 +150,15 @@ def draft_heads(params, target_params, config, base: jax.Array, last: jax.Array,
           tree: Tree, sampling: SamplingConfig):
   """One tree per row after the pending token `last` [b]: tokens [b, n], q [b, n, v] or None,
   parents [b, n + 1]. Head j runs on each depth j - 1 node's path of embeddings."""
-  path = embed(target_params, config, last)[:, None, None]  # [b, 1, 1, d] the root's
+  path = llama.embed(target_params, config, last)[:, None, None]  # [b, 1, 1, d] the root's
   root_logits = head_logits(params["head1"], target_params, config, base[:, None], path)
 
   def feed(path, depth, level, local, mask):  # path [b, w', depth, d] of depth - 1's nodes
     path = jnp.concatenate([jnp.take_along_axis(path, local[:, :, None, None], 1),
-                            embed(target_params, config, level)[:, :, None]], 2)
+                            llama.embed(target_params, config, level)[:, :, None]], 2)
     logits = head_logits(params[f"head{depth + 1}"], target_params, config, base[:, None], path)
     return logits, path  # [b, w, v], [b, w, depth + 1, d]
 
   tokens, q, parents, _ = grow_tree(feed, path, root_logits, key, tree, sampling)
   return tokens, q, parents
 
-
-def _shapes(params) -> dict[str, tuple[int, ...]]:
-  return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
-          for path, leaf in jax.tree_util.tree_leaves_with_path(params)}

@@ -7,20 +7,23 @@ correctness), and write their draft K/V into the slots the verify forward overwr
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
-import jax.numpy as jnp
-
-from speculax.core.fields import Checked, field
+from speculax.core.fields import field
 from speculax.core.trees import Tree
 from speculax.core.types import Draft, TargetView
-from speculax.drafters.base import Stateless
+from speculax.drafters.base import Drafter
 from speculax.drafters.chain import draft_chain
-from speculax.drafters.tree_draft import check_tree, draft_tree
+from speculax.drafters.layer_skip_search import search_skip_set
+from speculax.drafters.tree_draft import draft_tree
 from speculax.models.kvcache import KVCache
 
 
 @dataclasses.dataclass(frozen=True)
-class LayerSkip(Checked, Stateless):
+class LayerSkip(Drafter):
+  name: ClassVar[str] = "layer-skip"
+  summary: ClassVar[str] = ("the target with some layers skipped drafts for itself (train-free; "
+                            "chain or tree)")
   keep: tuple[int, ...] = field(ge=0)  # indices of the target layers the drafter runs, ascending
   tree: Tree | None = None  # None: a chain of k drafts
 
@@ -34,7 +37,18 @@ class LayerSkip(Checked, Stateless):
                        f"0..{n_layers - 1}")
     return cls(tuple(i for i in range(n_layers) if i not in skip), tree)
 
+  @classmethod
+  def build(cls, params, config, *, skip: tuple[int, ...] | None = None, calibration=None,
+            k: int = 5, tree: Tree | None = None):
+    """`skip` layers, or the set searched on `calibration` prompts (token-id lists) for k."""
+    if skip is None:
+      if not calibration:
+        raise ValueError("layer-skip needs a skip set or calibration prompts to search one on")
+      skip = search_skip_set(params, config, calibration, k=k).skip
+    return cls.skipping(config.n_layers, skip, tree), None
+
   def check(self, target, params, k: int) -> None:
+    super().check(target, params, k)
     if not self.keep:
       raise ValueError(f"layer-skip set skips every one of the target's {target.n_layers} layers")
     bad = [i for i in self.keep if not 0 <= i < target.n_layers]
@@ -43,7 +57,6 @@ class LayerSkip(Checked, Stateless):
                        f"0..{target.n_layers - 1}")
     if list(self.keep) != sorted(set(self.keep)):
       raise ValueError(f"layer-skip keep list must be ascending without repeats, got {self.keep}")
-    check_tree(self.tree, target.vocab_size)
 
   def propose(self, params, state, view: TargetView, key, config, k: int, sampling):
     target = view.params
@@ -52,7 +65,7 @@ class LayerSkip(Checked, Stateless):
     sub_cache = KVCache(k=tuple(cache.k[i] for i in self.keep),
                         v=tuple(cache.v[i] for i in self.keep), lengths=cache.lengths)
     sub_config = dataclasses.replace(config, n_layers=len(self.keep))
-    last = view.history[jnp.arange(view.history.shape[0]), view.lengths - 1]
+    last = view.pending
     parents = None
     if self.tree is not None:
       tokens, q, parents, sub_cache = draft_tree(sub_params, sub_config, sub_cache, last, key,

@@ -35,9 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from speculax.models.config import LlamaConfig
-from speculax.drafters.layer_skip import LayerSkip
 from speculax.models import llama
+from speculax.models.config import LlamaConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +49,6 @@ class SkipRound:
 
 @dataclasses.dataclass(frozen=True)
 class SkipSearchResult:
-  drafter: LayerSkip
   skip: tuple[int, ...]  # skipped layer indices of the chosen round, ascending
   agreement: float
   estimated_speedup: float
@@ -183,6 +181,5 @@ def search_skip_set(params, config: LlamaConfig, calibration: list[list[int]], *
                   f"with k={k} (best estimate {chosen.estimated_speedup:.3f}, skipping "
                   f"{chosen.skip}): layer-skip drafting would likely slow decoding down",
                   stacklevel=2)
-  return SkipSearchResult(drafter=LayerSkip.skipping(n, chosen.skip), skip=chosen.skip,
-                          agreement=chosen.agreement,
+  return SkipSearchResult(skip=chosen.skip, agreement=chosen.agreement,
                           estimated_speedup=chosen.estimated_speedup, trace=tuple(trace))

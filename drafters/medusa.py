@@ -16,37 +16,33 @@ Dims: b batch, d model, v vocab, j heads, c candidates.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from speculax.core.fields import Checked, field
+from speculax.core.fields import field
 from speculax.core.sampling import SamplingConfig, candidates, probs, sample
 from speculax.core.trees import StaticTree
 from speculax.core.types import Draft, TargetView, Verified
+from speculax.drafters.base import Drafter
 from speculax.drafters.tree_draft import check_heads
 from speculax.models import llama
 
 
 @dataclasses.dataclass(frozen=True)
-class Medusa(Checked):
+class Medusa(Drafter):
+  name: ClassVar[str] = "medusa"
+  summary: ClassVar[str] = ("Medusa heads on the target's last features (trained; chain or "
+                            "static tree)")
+  trained: ClassVar[bool] = True
+  hidden_layers: ClassVar[tuple[int, ...]] = (-1,)  # the final-normed features
   n_heads: int = field(4, ge=1)
   tree: StaticTree | None = None  # None: a chain of k <= n_heads drafts
-  hidden_layers = (-1,)  # the verify forward's features the drafter reads (final-normed)
 
   def check(self, target, params, k: int) -> None:
-    if params is None:
-      raise ValueError("a Medusa drafter needs its head params (drafter_params=...)")
-    d = target.d_model
-    want = {"w": (self.n_heads, d, d), "b": (self.n_heads, d)}
-    got = {name: tuple(params[name].shape) for name in want if name in params}
-    if got != want:
-      raise ValueError(f"Medusa head params must have shapes {want} for this target "
-                       f"(d_model {d}), got {got}: were they trained on another target?")
-    check_heads(self.tree, k, self.n_heads, target.vocab_size)
-
-  def prepare(self, params):
-    return params
+    super().check(target, params, k)
+    check_heads(self.tree, k, self.n_heads)
 
   def init(self, params, view: TargetView, config, max_len: int) -> jax.Array:
     """h [b, d]: the target's feature at the last prompt token (the one that gave the pending

@@ -17,13 +17,11 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-
 import numpy as np
 
-from speculax.core.fields import Checked
 from speculax.core.trees import StaticTree
 from speculax.core.types import Draft, TargetView, Verified
-from speculax.drafters.tree_draft import check_tree
+from speculax.drafters.base import Drafter
 
 # A skewed template in the paper's spirit (more branches near the root and along rank 0),
 # sized for CPU verification: 18 nodes, depth 5, up to 4 candidates per node.
@@ -36,14 +34,21 @@ DEFAULT_TREE = StaticTree((
 
 
 @dataclasses.dataclass(frozen=True)
-class TokenRecycling(Checked):
-  tree: StaticTree = DEFAULT_TREE
+class TokenRecycling(Drafter):
+  name: ClassVar[str] = "token-recycling"
+  summary: ClassVar[str] = ("the target's own past top-k successors, expanded as a static tree "
+                            "(train-free; carry out.drafter_state over for a hot start)")
   hot_start: ClassVar[bool] = True  # a serving loop passes each run's final state to the next
+  tree: StaticTree = DEFAULT_TREE
+
+  @classmethod
+  def build(cls, params, config, *, tree: StaticTree | None = None):
+    return (cls() if tree is None else cls(tree)), None
 
   def check(self, target, params, k: int) -> None:
     """A hot-start matrix must be token ids of this target: [vocab, candidates] integers in
     [0, vocab)."""
-    check_tree(self.tree, target.vocab_size)
+    super().check(target, params, k)
     if params is None:
       return
     shape = (target.vocab_size, self.tree.max_children)
@@ -59,9 +64,6 @@ class TokenRecycling(Checked):
       raise ValueError(f"token-recycling matrix holds token id {int(bad[0])}, outside the "
                        f"vocabulary [0, {target.vocab_size})")
 
-  def prepare(self, params):
-    return params
-
   def init(self, params, view: TargetView, config, max_len: int) -> jax.Array:
     """The adjacency matrix [v, c] int32: params (a warm one from earlier traffic) or zeros."""
     if params is not None:
@@ -70,7 +72,7 @@ class TokenRecycling(Checked):
 
   def propose(self, params, state: jax.Array, view: TargetView, key, config, k: int, sampling):
     b = view.history.shape[0]
-    last = view.history[jnp.arange(b), view.lengths - 1]
+    last = view.pending
     parents, ranks = self.tree.parents, self.tree.ranks
     tokens = [last]
     for i in range(1, self.tree.n_nodes + 1):  # parents come first: breadth-first expansion

@@ -17,10 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculax.models.config import LlamaConfig
 from speculax.core.sampling import SamplingConfig, candidates
 from speculax.core.trees import StaticTree, Tree, ancestor_mask
 from speculax.models import llama
+from speculax.models.config import LlamaConfig
 from speculax.models.kvcache import KVCache
 
 
@@ -89,17 +89,9 @@ def _static_level(tree: StaticTree, d: int, start: int) -> tuple[np.ndarray, np.
   return tree.parents[nodes] - start, tree.ranks[nodes]
 
 
-def check_tree(tree: Tree | None, vocab_size: int) -> None:
-  """Host-side: a tree's candidates per node must fit in the vocabulary."""
-  if tree is not None and tree.max_children > vocab_size:
-    raise ValueError(f"tree asks {tree.max_children} candidates per node, more than the "
-                     f"vocabulary size {vocab_size}")
-
-
-def check_heads(tree: Tree | None, k: int, n_heads: int, vocab_size: int) -> None:
+def check_heads(tree: Tree | None, k: int, n_heads: int) -> None:
   """Host-side, for head drafters: the chain of k or the tree needs one head per depth."""
   depth = tree.depth if tree is not None else k
   if depth > n_heads:
     raise ValueError(f"{'tree depth' if tree is not None else 'k'} {depth} needs {depth} heads, "
                      f"but the drafter has {n_heads}")
-  check_tree(tree, vocab_size)

@@ -1,4 +1,10 @@
-"""Model configs: one frozen dataclass, named presets, variants via dataclasses.replace."""
+"""Model configs: what a model is (LlamaConfig, the architecture its weights define) and how it
+runs (Runtime: dtypes, attention backend, kernel block sizes), named presets, variants via
+dataclasses.replace / LlamaConfig.with_runtime.
+
+Two targets are the same target when their `architecture()` is: the runtime never counts (a
+drafter trained on a float32 target serves the same model in bfloat16 or with the Pallas kernel).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +13,19 @@ from typing import Literal
 from speculax.core.fields import Checked, field
 
 DType = Literal["float32", "bfloat16", "float16"]
+# Attention of a block against the cache (decode, verify, tree verify): "xla" (jnp), "pallas"
+# (models/kernels/tree_attention.py) or "pallas-interpret" (the same kernel in interpret mode,
+# for CPU).
+AttentionImpl = Literal["xla", "pallas", "pallas-interpret"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime(Checked):
+  """How a model runs: chosen when it is loaded or served, never stored with its weights."""
+  dtype: DType = "float32"  # compute dtype
+  param_dtype: DType = "float32"
+  attention_impl: AttentionImpl = "xla"
+  attention_block_kv: int = field(128, ge=1)  # cache slots per kernel step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,13 +51,7 @@ class LlamaConfig(Checked):
   norm_eps: float = field(1e-5, gt=0)
   tie_embeddings: bool = True
   max_seq_len: int = field(2048, ge=1)
-  dtype: DType = "float32"  # compute dtype
-  param_dtype: DType = "float32"
-  # Attention of a block against the cache (decode, verify, tree verify): "xla" (jnp), "pallas"
-  # (models/kernels/tree_attention.py) or "pallas-interpret" (the same kernel in interpret mode,
-  # for CPU). The kernel walks the cache in blocks of attention_block_kv slots.
-  attention_impl: Literal["xla", "pallas", "pallas-interpret"] = "xla"
-  attention_block_kv: int = field(128, ge=1)
+  runtime: Runtime = Runtime()
 
   def __post_init__(self):
     super().__post_init__()
@@ -46,6 +59,18 @@ class LlamaConfig(Checked):
       raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+
+  def with_runtime(self, **changes) -> LlamaConfig:
+    """The same model run another way, e.g. config.with_runtime(dtype="bfloat16")."""
+    return dataclasses.replace(self, runtime=dataclasses.replace(self.runtime, **changes))
+
+  def architecture(self) -> dict:
+    """Every field but the runtime, JSON-ready: what "the same target" compares."""
+    fields = dataclasses.asdict(self)
+    del fields["runtime"]
+    if fields["rope_scaling"] is not None:
+      fields["rope_scaling"] = dict(fields["rope_scaling"])
+    return fields
 
 
 PRESETS: dict[str, LlamaConfig] = {

@@ -24,7 +24,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from speculax.models.config import LlamaConfig, RopeScaling
+from speculax.models.config import LlamaConfig, RopeScaling, Runtime
 from speculax.models.hf_loader import layer_param, to_jax, torch_layout_shape
 
 Params = dict
@@ -162,7 +162,7 @@ def config_from_gguf(reader, tensors: dict[str, Any], path: pathlib.Path,
         vocab_size=vocab, d_model=d, n_layers=n_layers, n_heads=h, n_kv_heads=kh,
         head_dim=head_dim, d_ff=d_ff, rope_theta=theta, rope_scaling=scaling, norm_eps=norm_eps,
         tie_embeddings="output.weight" not in tensors, max_seq_len=max_seq_len,
-        param_dtype=param_dtype)
+        runtime=Runtime(param_dtype=param_dtype))
   except ValueError as e:  # LlamaConfig's own checks do not know the file
     raise ValueError(f"GGUF file {path}: {e}") from e
 

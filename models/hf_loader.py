@@ -13,13 +13,13 @@ Dims: L layers, d model, h heads, k kv heads, q head dim, f ffw, v vocab.
 from __future__ import annotations
 
 import contextlib
-import json
 import pathlib
 from typing import Any, Iterator
 
 import numpy as np
 
-from speculax.models.config import LlamaConfig, RopeScaling
+from speculax.core.jsonfile import read_json_object
+from speculax.models.config import LlamaConfig, RopeScaling, Runtime
 
 Params = dict
 
@@ -77,19 +77,10 @@ def load_hf_folder(folder: str | pathlib.Path, *, param_dtype: str = "float32"
   if not folder.is_dir():
     raise ValueError(f"Hugging Face model path is not a folder: {folder}")
   config_path = folder / "config.json"
-  config = config_from_hf(_read_json(config_path), config_path, param_dtype=param_dtype)
+  config = config_from_hf(read_json_object(config_path), config_path, param_dtype=param_dtype)
   with _open_weights(folder) as source:
     params = _convert(source, config, folder)
   return config, to_jax(params, param_dtype)
-
-
-def _read_json(path: pathlib.Path) -> dict:
-  if not path.is_file():
-    raise FileNotFoundError(f"missing file: {path}")
-  try:
-    return json.loads(path.read_text())
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path} is not valid JSON: {e}") from e
 
 
 def config_from_hf(cfg: dict, path: pathlib.Path, *, param_dtype: str = "float32"
@@ -127,7 +118,8 @@ def config_from_hf(cfg: dict, path: pathlib.Path, *, param_dtype: str = "float32
         rope_scaling=_rope_scaling(scaling, path),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_seq_len=int(cfg.get("max_position_embeddings", 2048)), param_dtype=param_dtype)
+        max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
+        runtime=Runtime(param_dtype=param_dtype))
   except (TypeError, ValueError) as e:  # LlamaConfig's own checks do not know the file
     if str(path) in str(e):
       raise
@@ -196,7 +188,7 @@ def _open_weights(folder: pathlib.Path) -> Iterator[_Source]:
       source = _Source({}, stack)
       source.files = {name: single for name in source.keys_in(single)}
     elif index.is_file():
-      weight_map = _read_json(index).get("weight_map")
+      weight_map = read_json_object(index).get("weight_map")
       if not isinstance(weight_map, dict) or not weight_map:
         raise ValueError(f"{index} has no 'weight_map'")
       source = _Source({}, stack)

@@ -14,8 +14,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from speculax.models.config import LlamaConfig
 from speculax.models.attention import prefix_block_mask
+from speculax.models.config import LlamaConfig
 
 CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
 
@@ -33,10 +33,11 @@ class KVCache:
            per_layer: bool = False) -> KVCache:
     if batch < 1 or max_len < 1:
       raise ValueError(f"KVCache needs batch >= 1 and max_len >= 1, got {batch=} {max_len=}")
-    if config.attention_impl != "xla":  # the kernel walks whole blocks of slots
-      max_len = -(-max_len // config.attention_block_kv) * config.attention_block_kv
+    rt = config.runtime
+    if rt.attention_impl != "xla":  # the kernel walks whole blocks of slots
+      max_len = -(-max_len // rt.attention_block_kv) * rt.attention_block_kv
     shape = (batch, config.n_kv_heads, max_len, config.head_dim)
-    dtype = jnp.dtype(dtype or config.dtype)
+    dtype = jnp.dtype(dtype or rt.dtype)
     if per_layer:
       make = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.n_layers))
     else:

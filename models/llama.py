@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculax.models.config import LlamaConfig
 from speculax.models import kvcache
 from speculax.models.attention import attention
+from speculax.models.config import LlamaConfig
 from speculax.models.kernels.tree_attention import BlockSizes, tree_attention
 from speculax.models.kvcache import KVCache
 
@@ -65,7 +65,7 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
 
 
 def _param(module: nn.Module, name: str, init, shape: tuple[int, ...], axes: tuple[str, ...]):
-  dtype = jnp.dtype(module.config.param_dtype)
+  dtype = jnp.dtype(module.config.runtime.param_dtype)
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
 
@@ -108,8 +108,8 @@ class Block(nn.Module):
       attended = attention(q, keys, values, mask)
     else:
       attended = tree_attention(q, keys, values, lengths, block_mask,
-                                block_sizes=BlockSizes(c.attention_block_kv),
-                                interpret=c.attention_impl == "pallas-interpret")
+                                block_sizes=BlockSizes(c.runtime.attention_block_kv),
+                                interpret=c.runtime.attention_impl == "pallas-interpret")
     x = x + jnp.einsum("bthq,hqd->btd", attended, wo)
     y = rms_norm(x, mlp_norm, c.norm_eps)
     gated = nn.silu(jnp.einsum("btd,df->btf", y, w_gate)) * jnp.einsum("btd,df->btf", y, w_up)
@@ -132,7 +132,7 @@ class Embedder(nn.Module):
                             (c.d_model, c.vocab_size), ("embed", "vocab"))
 
   def encode(self, tokens):  # [b, t] -> [b, t, d]
-    return jnp.take(self.embed, tokens, axis=0).astype(jnp.dtype(self.config.dtype))
+    return embed({"embed": self.embed}, self.config, tokens)
 
   def decode(self, x, logits_at):
     """x [b, t, d] -> (logits [b, n, v] float32, final-normed features [b, t, d])."""
@@ -144,6 +144,12 @@ class Embedder(nn.Module):
 
   def __call__(self, tokens):  # only used by init, to create every param
     return self.decode(self.encode(tokens), None)
+
+
+def embed(params: Params, config: LlamaConfig, tokens: jax.Array) -> jax.Array:
+  """Token ids [...] -> the model's input embeddings [..., d] in its compute dtype (the table
+  drafters that read token embeddings share with the target)."""
+  return jnp.take(params["embed"], tokens, axis=0).astype(jnp.dtype(config.runtime.dtype))
 
 
 def lm_head(params: Params, config: LlamaConfig, features: jax.Array) -> jax.Array:
@@ -168,7 +174,7 @@ def param_axes(config: LlamaConfig):
 def _init_boxed(config: LlamaConfig, key: jax.Array):
   """Boxed params: per-layer Block params vmapped into a stack with a leading "layers" axis."""
   tokens = jnp.zeros((1, 1), jnp.int32)
-  x = jnp.zeros((1, 1, config.d_model), jnp.dtype(config.dtype))
+  x = jnp.zeros((1, 1, config.d_model), jnp.dtype(config.runtime.dtype))
   ctx = (*rope_tables(config, tokens), None, jnp.ones((1, 1, 1), bool), None)
   k_top, k_layers = jax.random.split(key)
   top = Embedder(config).init(k_top, tokens)["params"]
@@ -279,7 +285,7 @@ def forward(params: Params, config: LlamaConfig, tokens: jax.Array, positions: j
   # The kernel takes the block's own [b, t, t] mask; a wider one (a drafter feeding a tree level
   # over nodes already cached) goes through the jnp path.
   block_mask = None
-  if cache is not None and config.attention_impl != "xla" and mask.shape[-1] == t:
+  if cache is not None and config.runtime.attention_impl != "xla" and mask.shape[-1] == t:
     block_mask, mask = mask, None
   elif cache is not None:
     mask = cache.attention_mask(mask)  # [b, t, s]

@@ -10,14 +10,11 @@ import dataclasses
 import pathlib
 from typing import Any
 
-from speculax.models.config import PRESETS, LlamaConfig, get_preset
 from speculax.models import assets
+from speculax.models.config import PRESETS, LlamaConfig, get_preset
 
 # Presets that name a real checkpoint shipped in a local package -> function returning its path.
 CHECKPOINT_PRESETS = {"smollm2-135m": assets.smollm2_gguf_path}
-
-# Fields a checkpoint does not define (chosen at load time), so they never count as a mismatch.
-_RUNTIME_FIELDS = ("dtype", "param_dtype")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,14 +22,20 @@ class LoadedModel:
   config: LlamaConfig
   params: dict  # Params pytree, see models/llama.py
   tokenizer: Any  # models.tokenizer.Tokenizer
+  name: str = ""  # what it was loaded from: a preset name or a path
 
 
 def load(name_or_path: str | pathlib.Path, *, param_dtype: str = "float32",
          dtype: str = "float32") -> LoadedModel:
   """Loads config, params (cast to param_dtype) and tokenizer; `dtype` is the compute dtype."""
   if isinstance(name_or_path, str) and name_or_path in CHECKPOINT_PRESETS:
-    return _load_preset(name_or_path, param_dtype, dtype)
-  path = pathlib.Path(name_or_path)
+    model = _load_preset(name_or_path, param_dtype, dtype)
+  else:
+    model = _load_file(pathlib.Path(name_or_path), param_dtype, dtype)
+  return dataclasses.replace(model, name=str(name_or_path))
+
+
+def _load_file(path: pathlib.Path, param_dtype: str, dtype: str) -> LoadedModel:
   if path.is_dir():
     return _load_hf(path, param_dtype, dtype)
   if path.suffix == ".gguf":
@@ -40,10 +43,10 @@ def load(name_or_path: str | pathlib.Path, *, param_dtype: str = "float32",
   if not path.exists() and len(path.parts) > 1:
     raise FileNotFoundError(f"no such .gguf file or Hugging Face folder: {path}")
   known = sorted(CHECKPOINT_PRESETS)
-  hint = (f" ({name_or_path!r} is a config-only preset: use models.llama.init_params for random "
-          "weights)") if str(name_or_path) in PRESETS else ""
-  raise ValueError(f"cannot load {str(name_or_path)!r}: not a checkpoint preset {known}, a "
-                   f"path to a .gguf file, or an existing Hugging Face folder{hint}")
+  hint = (f" ({str(path)!r} is a config-only preset: use speculax.models.llama.init_params for "
+          "random weights)") if str(path) in PRESETS else ""
+  raise ValueError(f"cannot load {str(path)!r}: not a checkpoint preset {known}, a path to a "
+                   f".gguf file, or an existing Hugging Face folder{hint}")
 
 
 def _load_gguf(path: pathlib.Path, param_dtype: str, dtype: str) -> LoadedModel:
@@ -51,7 +54,7 @@ def _load_gguf(path: pathlib.Path, param_dtype: str, dtype: str) -> LoadedModel:
   from speculax.models.tokenizer import Tokenizer
   reader = gguf_loader.open_gguf(path)  # parsed once, shared with the tokenizer
   config, params = gguf_loader.load_gguf(path, param_dtype=param_dtype, reader=reader)
-  return LoadedModel(dataclasses.replace(config, dtype=dtype), params,
+  return LoadedModel(config.with_runtime(dtype=dtype), params,
                      Tokenizer.from_gguf(path, reader=reader))
 
 
@@ -59,7 +62,7 @@ def _load_hf(folder: pathlib.Path, param_dtype: str, dtype: str) -> LoadedModel:
   from speculax.models import hf_loader
   from speculax.models.tokenizer import Tokenizer
   config, params = hf_loader.load_hf_folder(folder, param_dtype=param_dtype)
-  return LoadedModel(dataclasses.replace(config, dtype=dtype), params,
+  return LoadedModel(config.with_runtime(dtype=dtype), params,
                      Tokenizer.from_hf_folder(folder))
 
 
@@ -68,15 +71,15 @@ def _load_preset(name: str, param_dtype: str, dtype: str) -> LoadedModel:
   model = _load_gguf(CHECKPOINT_PRESETS[name](), param_dtype, dtype)
   preset = get_preset(name)
   check_matches_preset(model.config, preset, name)
-  config = dataclasses.replace(preset, dtype=dtype, param_dtype=param_dtype)
+  config = preset.with_runtime(dtype=dtype, param_dtype=param_dtype)
   return dataclasses.replace(model, config=config)
 
 
 def check_matches_preset(config: LlamaConfig, preset: LlamaConfig, name: str) -> None:
   """Raises naming every architecture field where the loaded file and the preset disagree."""
-  diffs = [f"{f.name}: file {getattr(config, f.name)!r} != preset {getattr(preset, f.name)!r}"
-           for f in dataclasses.fields(LlamaConfig)
-           if f.name not in _RUNTIME_FIELDS and getattr(config, f.name) != getattr(preset, f.name)]
+  ours, theirs = config.architecture(), preset.architecture()
+  diffs = [f"{name}: file {ours[name]!r} != preset {theirs[name]!r}"
+           for name in ours if ours[name] != theirs[name]]
   if diffs:
     raise ValueError(f"checkpoint for preset {name!r} disagrees with configs/models.py: "
                      + "; ".join(diffs))

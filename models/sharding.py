@@ -7,7 +7,8 @@ import math
 
 import flax.linen as nn
 import jax
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from speculax.core.fields import Checked, field
 from speculax.models import llama

@@ -24,6 +24,8 @@ import numpy as np
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
+from speculax.core.jsonfile import read_json_object
+
 # llama.cpp token types (gguf.TokenType); spelled out so reading a tokenizer needs no gguf import.
 _CONTROL = 3
 _USER_DEFINED = 4
@@ -135,8 +137,8 @@ class Tokenizer:
       backend = tokenizers.Tokenizer.from_file(str(tokenizer_json))
     except Exception as e:  # the Rust error names no file
       raise ValueError(f"{tokenizer_json}: not a readable tokenizer.json: {e}") from e
-    config = _read_json(folder / "tokenizer_config.json")
-    generation = _read_json(folder / "generation_config.json")
+    config = read_json_object(folder / "tokenizer_config.json", missing={})
+    generation = read_json_object(folder / "generation_config.json", missing={})
 
     bos_id = _hf_token_id(backend, config.get("bos_token"), "bos_token", folder)
     eos_id = _hf_token_id(backend, config.get("eos_token"), "eos_token", folder)
@@ -293,19 +295,6 @@ def _checked_id(i: Any, vocab_size: int, name: str, where: Any) -> int | None:
 
 
 # ----- Hugging Face folder helpers -----
-
-
-def _read_json(path: pathlib.Path) -> dict[str, Any]:
-  """A JSON object from `path`, {} if the file is absent; corrupt files name themselves."""
-  if not path.is_file():
-    return {}
-  try:
-    value = json.loads(path.read_text(encoding="utf-8"))
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path}: not valid JSON: {e}") from e
-  if not isinstance(value, dict):
-    raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
-  return value
 
 
 def _hf_token_id(backend: tokenizers.Tokenizer, token: Any, name: str,

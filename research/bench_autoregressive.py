@@ -16,9 +16,9 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax
-import numpy as np
 
-from speculax.decode.generate import GenerateConfig, generate
+from speculax.decode.config import GenerateConfig
+from speculax.decode.generate import generate
 from speculax.models.assets import humaneval_prompts
 from speculax.models.load import load
 from speculax.research.common import hf_model, machine, median, read_bandwidth, table

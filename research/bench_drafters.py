@@ -28,11 +28,10 @@ import time
 import jax
 
 from speculax.core.sampling import SamplingConfig
-from speculax.decode.speculative import SpecConfig
 from speculax.core.trees import DynamicTree
+from speculax.decode.config import SpecConfig
 from speculax.drafters import registry
 from speculax.drafters.eagle import Eagle
-from speculax.drafters.heads_io import load_head_drafter
 from speculax.drafters.hydra import Hydra
 from speculax.drafters.medusa import Medusa
 from speculax.models.assets import humaneval_prompts
@@ -115,11 +114,11 @@ def _methods(model, trained, args):
     dm, dp = registry.make("draft-model", params, cfg, draft_layers=4)
     methods["draft-model (4-layer cut, untrained)"] = (dm, dp, args.k, 0, 0)
   for name, (folder, seconds, updates, _) in trained.items():
-    d, p = load_head_drafter(folder, cfg)  # one load serves every k and threshold
+    d, p = registry.load(folder, cfg)  # one load serves every k and threshold
     for k in args.eagle3_k if name == "eagle3" else (args.k,):
       methods[f"{name} k={k}"] = (d, p, k, seconds, updates)
     if name == "eagle":
-      methods["eagle-2 dynamic tree"] = (*load_head_drafter(folder, cfg, TREE), args.k, seconds,
+      methods["eagle-2 dynamic tree"] = (*registry.load(folder, cfg, TREE), args.k, seconds,
                                          updates)
     if name.startswith("eagle"):
       for t in args.stop_thresholds:

@@ -22,8 +22,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 
-from speculax.decode.generate import GenerateConfig, generate
-from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.decode.config import GenerateConfig, SpecConfig
+from speculax.decode.generate import generate
+from speculax.decode.speculative import speculative_generate
 from speculax.drafters import registry
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models.assets import humaneval_prompts
@@ -49,8 +50,9 @@ def _build_drafters(model, names, k, calibration, skip) -> tuple[dict, dict]:
   built, about = {}, {}
   for name in names:
     t = time.perf_counter()
-    built[name] = registry.make(name, model.params, model.config, k=k, calibration=calibration,
-                                skip=skip if name == "layer-skip" else None)
+    given = dict(k=k, calibration=calibration, skip=skip)
+    built[name] = registry.make(name, model.params, model.config,
+                                **{o: v for o, v in given.items() if o in registry.options(name)})
     about[name] = _describe(built[name][0], model.config)
     print(f"{name}: built in {time.perf_counter() - t:.1f} s; {about[name]}", flush=True)
   return built, about

@@ -18,8 +18,8 @@ import pathlib
 import jax
 
 from speculax.core.sampling import SamplingConfig
-from speculax.decode.speculative import SpecConfig
 from speculax.core.trees import DynamicTree
+from speculax.decode.config import SpecConfig
 from speculax.drafters import registry
 from speculax.drafters.token_recycling import DEFAULT_TREE
 from speculax.models.assets import humaneval_prompts
@@ -51,8 +51,7 @@ def _methods(model, args):
                           (f"dynamic {DYNAMIC.n_nodes}", DYNAMIC)]:
     d, _ = registry.make("layer-skip", params, cfg, k=args.k, skip=skip, tree=tree)
     methods[f"layer-skip {tree_name}"] = (d, None, 0)
-    d, dp = registry.make("draft-model", params, cfg, k=args.k, draft_layers=args.draft_layers,
-                          tree=tree)
+    d, dp = registry.make("draft-model", params, cfg, draft_layers=args.draft_layers, tree=tree)
     methods[f"draft-model {tree_name}"] = (d, dp, _nbytes(dp))
   return methods
 

@@ -10,8 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
-from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.decode.speculative import speculative_generate
 
 
 def machine() -> str:

@@ -17,9 +17,10 @@ import pathlib
 import jax
 
 from speculax.configs.distill_smollm2 import EXPERIMENT
-from speculax.decode.generate import GenerateConfig, generate
 from speculax.core.sampling import SamplingConfig
-from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.decode.config import GenerateConfig, SpecConfig
+from speculax.decode.generate import generate
+from speculax.decode.speculative import speculative_generate
 from speculax.drafters.draft_model import DraftModel
 from speculax.models.assets import humaneval_prompts
 from speculax.models.derive import truncated

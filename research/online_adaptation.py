@@ -28,18 +28,18 @@ import jax
 import numpy as np
 
 from speculax.cli.serve_bench import read_stream, stream_rows
-from speculax.decode.generate import GenerateConfig, generate
 from speculax.core.sampling import SamplingConfig
-from speculax.decode.speculative import SpecConfig
+from speculax.decode.config import GenerateConfig, SpecConfig
+from speculax.decode.generate import generate
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models.derive import truncated
 from speculax.models.load import load
 from speculax.research.common import machine, table
+from speculax.serve.online import OnlineConfig, OnlineLearner
 from speculax.train.data import function_prompts, split_files, stdlib_files
 from speculax.train.distill import DistillConfig
 from speculax.train.experiment import DataConfig, DistillExperiment, run
-from speculax.serve.online import OnlineConfig, OnlineLearner
 from speculax.train.optim import OptimConfig
 
 RESULTS = pathlib.Path("results/online_adaptation.json")

@@ -15,17 +15,18 @@ with its error and the rest of the stream goes on. Yields one `BatchReport` per 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterable, Iterator, Sequence
 
 import jax
 import numpy as np
 
 from speculax.core import fields
+from speculax.decode.config import SpecConfig
 from speculax.decode.inputs import check_prompt, check_room
-from speculax.serve.recording import Recording
-from speculax.decode.speculative import SpecConfig, block_shape, speculative_generate
+from speculax.decode.speculative import block_shape, speculative_generate
+from speculax.drafters.draft_model import DraftModel
 from speculax.serve.online import OnlineLearner, served_row
+from speculax.serve.recording import Recording
 
 
 @dataclasses.dataclass
@@ -68,11 +69,12 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
   the draft model whose params the learner trains.
   """
   fields.check("batch_size", batch_size, int, ge=1)
-  hot = getattr(drafter, "hot_start", False)
+  hot = drafter.hot_start
   if learner is not None and hot:
     raise ValueError(f"{type(drafter).__name__} adapts by its own state (hot start); it has no "
                      "params for an online learner to train")
-  if learner is not None and getattr(drafter, "config", None) != learner.config:
+  if learner is not None and not (isinstance(drafter, DraftModel)
+                                  and drafter.config == learner.config):
     raise ValueError(f"the online learner trains a draft model of config {learner.config}; "
                      f"the drafter {type(drafter).__name__} is not that model")
   if learner is not None:

@@ -24,13 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculax.models.config import LlamaConfig
 from speculax.core.fields import Checked, field
-from speculax.train.losses import Divergence
 from speculax.models.checkpoints import Checkpointer
-from speculax.train.distill import DistillConfig, eval_metrics, init_state, train_step
-from speculax.train.optim import OptimConfig
+from speculax.models.config import LlamaConfig
 from speculax.serve.replay import Policy, ReplayBuffer
+from speculax.train.distill import DistillConfig, eval_metrics, init_state, train_step
+from speculax.train.losses import Divergence
+from speculax.train.optim import OptimConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,8 +19,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from speculax.core.fields import Checked, field
+from speculax.core.fields import field
 from speculax.core.types import TargetView, Verified
+from speculax.drafters.base import Drafter
 
 
 @flax.struct.dataclass
@@ -33,20 +34,22 @@ class RecordState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Recording(Checked):
-  drafter: Any
+class Recording(Drafter):
+  """Drafts, verifies and updates exactly as `drafter`; records on the side."""
+  drafter: Drafter
   top_k: int = field(32, ge=1)
   all_positions: bool = False  # False: only where a draft was rejected
 
-  def __post_init__(self):
-    super().__post_init__()
-    if not callable(getattr(self.drafter, "propose", None)):
-      raise ValueError(f"Recording.drafter must be a drafter (with propose), got {self.drafter!r}")
+  @property
+  def tree(self):
+    return self.drafter.tree
 
-  def __getattr__(self, name):  # tree, hidden_layers, stop_threshold: the wrapped drafter's
-    if name.startswith("__") or name == "drafter":  # copy/pickle probe before fields exist
-      raise AttributeError(name)
-    return getattr(self.drafter, name)
+  @property
+  def hidden_layers(self) -> tuple[int, ...]:
+    return self.drafter.hidden_layers
+
+  def verifier(self):
+    return self.drafter.verifier()
 
   def check(self, target, params, k: int) -> None:
     if not 1 <= self.top_k <= target.vocab_size:

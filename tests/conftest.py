@@ -12,8 +12,8 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import pytest  # noqa: E402
 
-from speculax.models.config import get_preset  # noqa: E402
 from speculax.models import llama  # noqa: E402
+from speculax.models.config import get_preset  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +33,9 @@ def smollm2():
 @pytest.fixture(scope="session")
 def tiny_reference(tiny):
   """Greedy target-only output of each tiny_prompts.PROMPTS prompt decoded alone."""
-  from speculax.decode.generate import GenerateConfig, generate
+  from speculax.decode.config import GenerateConfig
+  from speculax.decode.generate import generate
+
   from tiny_prompts import NEW, PROMPTS
   cfg, params = tiny
   return [generate(params, cfg, [p], GenerateConfig(max_new_tokens=NEW)).tokens[0]

@@ -13,10 +13,11 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from speculax.models.sharding import MeshConfig, make_mesh
 from speculax.models.checkpoints import Checkpointer, finalized_steps
+from speculax.models.sharding import MeshConfig, make_mesh
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # how orbax names a step it has not committed yet

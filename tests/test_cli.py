@@ -53,7 +53,13 @@ MALFORMED = [
      "medusa needs trained heads: a run folder (--heads FOLDER); train one with "
      "`speculax train --config configs/medusa_smollm2.py`"),
     (["generate", "--drafter", "eagle"], "`speculax train --config configs/eagle_smollm2.py`"),
-    (["generate", "--heads", "runs/medusa-smollm2"], "are for the head drafters (medusa, "),
+    (["generate", "--heads", "runs/medusa-smollm2"],
+     "--drafter none (autoregressive decoding) takes no drafter options, got heads"),
+    (["generate", "--drafter", "prompt-lookup", "--heads", "runs/x"],
+     "trained heads (--heads runs/x) are for the trained drafters (medusa, hydra, eagle), not "
+     "prompt-lookup"),
+    (["generate", "--drafter", "prompt-lookup", "--tree", "full:2"],
+     "prompt-lookup takes no option tree (it takes: max_ngram, min_ngram)"),
     # serve-bench
     (["serve-bench"], "the following arguments are required: prompts"),
     (["serve-bench", "no-such-file.jsonl"], "prompt file 'no-such-file.jsonl' does not exist"),

@@ -9,13 +9,9 @@ import math
 
 import pytest
 
-from speculax.models.sharding import MeshConfig
-from speculax.models.config import LlamaConfig, RopeScaling, get_preset
-from speculax.decode.generate import GenerateConfig
-from speculax.serve.recording import Recording
 from speculax.core.sampling import SamplingConfig
-from speculax.decode.speculative import SpecConfig
 from speculax.core.trees import DynamicTree, StaticTree
+from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.eagle import Eagle
 from speculax.drafters.hydra import Hydra
@@ -23,11 +19,14 @@ from speculax.drafters.layer_skip import LayerSkip
 from speculax.drafters.medusa import Medusa
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.drafters.token_recycling import TokenRecycling
+from speculax.models.config import LlamaConfig, RopeScaling, Runtime, get_preset
 from speculax.models.kernels.tree_attention import BlockSizes
+from speculax.models.sharding import MeshConfig
+from speculax.serve.online import OnlineConfig
+from speculax.serve.recording import Recording
 from speculax.train.distill import DistillConfig
 from speculax.train.experiment import DataConfig, DistillExperiment
 from speculax.train.heads import HeadsConfig
-from speculax.serve.online import OnlineConfig
 from speculax.train.optim import OptimConfig
 
 TINY = get_preset("tiny")
@@ -38,7 +37,7 @@ VALID = [SamplingConfig(), GenerateConfig(), SpecConfig(), StaticTree(((0,), (1,
          DynamicTree(), PromptLookup(), LayerSkip((0, 1)), DraftModel(TINY), TokenRecycling(),
          Medusa(), Hydra(), Eagle(), Recording(PromptLookup()), OptimConfig(), DistillConfig(),
          HeadsConfig(Medusa()), DataConfig(), DistillExperiment("run"), OnlineConfig(),
-         MeshConfig(), TINY, RopeScaling(), BlockSizes()]
+         MeshConfig(), TINY, Runtime(), RopeScaling(), BlockSizes()]
 
 
 def ints(lo):  # wrong types, the first value below the range, absurd
@@ -102,12 +101,12 @@ BAD = {
     MeshConfig: {"data": ints(1), "fsdp": ints(1), "tensor": ints(1),
                  "rules": ("rules", [("batch", "data")], ((1, 2),))},
     LlamaConfig: {**{name: ints(1) for name in ("vocab_size", "d_model", "n_layers", "n_heads",
-                                                "n_kv_heads", "head_dim", "d_ff", "max_seq_len",
-                                                "attention_block_kv")},
+                                                "n_kv_heads", "head_dim", "d_ff", "max_seq_len")},
                   "rope_theta": numbers(0.0), "rope_scaling": ("llama3", 8.0, {}),
                   "norm_eps": numbers(0.0), "tie_embeddings": BOOL,
-                  "dtype": (32, "", "float8"), "param_dtype": (32, "", "bf16"),
-                  "attention_impl": (1, "", "flash")},
+                  "runtime": ("bfloat16", None, {"dtype": "bfloat16"})},
+    Runtime: {"dtype": (32, "", "float8"), "param_dtype": (32, "", "bf16"),
+              "attention_impl": (1, "", "flash"), "attention_block_kv": ints(1)},
     RopeScaling: {"factor": numbers(0.0), "low_freq_factor": numbers(0.0),
                   "high_freq_factor": numbers(0.0), "original_max_position": ints(1)},
     BlockSizes: {"block_kv": ints(1)},

@@ -140,7 +140,8 @@ def test_prompt_sets_never_overlap_humaneval():
 
 
 def test_self_distill_batches_match_one_by_one(tiny, tok):
-  from speculax.decode.generate import GenerateConfig, generate
+  from speculax.decode.config import GenerateConfig
+  from speculax.decode.generate import generate
   cfg, params = tiny
   prompts = ["Say hi.", "Continue this code: x = 1", "Why?"]
   got = data.self_distill(params, cfg, tok, prompts, max_new_tokens=4, batch_size=2)

@@ -6,10 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.models.sharding import MeshConfig
-from speculax.models import llama
-from speculax.models.derive import truncated
 from speculax.models.checkpoints import Checkpointer
+from speculax.models.derive import truncated
+from speculax.models.sharding import MeshConfig
 from speculax.train.distill import DistillConfig, teacher_topk
 from speculax.train.loop import Target, fit, sharded_init
 from speculax.train.metrics_log import MetricsLog

@@ -5,15 +5,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.models.sharding import MeshConfig
-from speculax.models.config import get_preset
 from speculax.core.sampling import SamplingConfig
-from speculax.decode.speculative import SpecConfig, speculative_generate
 from speculax.core.trees import DynamicTree, StaticTree
-from speculax.drafters import eagle
 from speculax.core.types import TargetView
+from speculax.decode.config import SpecConfig
+from speculax.decode.speculative import speculative_generate
+from speculax.drafters import eagle
 from speculax.drafters.eagle import Eagle
 from speculax.models import llama
+from speculax.models.config import get_preset
+from speculax.models.sharding import MeshConfig
+
 from tiny_prompts import NEW, PROMPTS
 
 
@@ -163,7 +165,7 @@ def test_bad_eagle_input(tiny):
   with pytest.raises(ValueError, match="trained on another target"):  # EAGLE-1 params, EAGLE-3
     speculative_generate(params, cfg, [[1, 2]], Eagle.eagle3(2), SpecConfig(k=3),
                          drafter_params=Eagle().init_params(cfg))
-  with pytest.raises(ValueError, match="needs its params"):
+  with pytest.raises(ValueError, match="needs its trained params"):
     speculative_generate(params, cfg, [[1, 2]], Eagle(), SpecConfig(k=3))
 
 

@@ -1,12 +1,12 @@
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
-from speculax.models.sharding import MeshConfig
-from speculax.decode.generate import GenerateConfig, generate
 from speculax.core.sampling import SamplingConfig
+from speculax.decode.config import GenerateConfig
+from speculax.decode.generate import generate
 from speculax.models import llama
+from speculax.models.sharding import MeshConfig
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 12, 13], [42] * 20, [7], [100, 3, 99, 4, 250]]
 
@@ -74,8 +74,8 @@ def test_sharded_generate_equals_unsharded(tiny, mesh):
 
 
 def test_sharded_params_really_are_split(tiny):
-  from speculax.models.sharding import make_mesh
   from speculax.models import sharding
+  from speculax.models.sharding import make_mesh
   cfg, params = tiny
   mesh_cfg = MeshConfig(data=4, tensor=2)
   placed = sharding.shard_params(params, cfg, make_mesh(mesh_cfg), mesh_cfg.rules)
@@ -118,9 +118,9 @@ def test_bad_mesh():
 
 
 def test_indivisible_shard_names_the_leaf():
-  from speculax.models.sharding import make_mesh
-  from speculax.models.config import LlamaConfig
   from speculax.models import sharding
+  from speculax.models.config import LlamaConfig
+  from speculax.models.sharding import make_mesh
   cfg = LlamaConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=3, n_kv_heads=1, head_dim=8,
                     d_ff=64, max_seq_len=32)
   params = llama.init_params(cfg, jax.random.key(0))

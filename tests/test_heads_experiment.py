@@ -6,19 +6,20 @@ import jax
 import numpy as np
 import pytest
 
-from speculax.models.config import get_preset
-from speculax.decode.speculative import SpecConfig, speculative_generate
 from speculax.core.trees import StaticTree
-from speculax.drafters import heads_io
-from speculax.drafters import registry
+from speculax.decode.config import SpecConfig
+from speculax.decode.speculative import speculative_generate
+from speculax.drafters import heads_io, registry
 from speculax.drafters.medusa import Medusa
+from speculax.models.config import get_preset
 from speculax.models.load import LoadedModel
-from tiny_prompts import NEW, PROMPTS
 from speculax.train.distill import DistillConfig
 from speculax.train.experiment import DataConfig, DistillExperiment, run
 from speculax.train.heads import HeadsConfig
 from speculax.train.metrics_log import MetricsLog
 from speculax.train.optim import OptimConfig
+
+from tiny_prompts import NEW, PROMPTS
 
 OPTIM = OptimConfig(learning_rate=1e-2, warmup_steps=1, total_steps=6)
 HEADS = HeadsConfig(Medusa(3), batch_size=4, optim=OPTIM)
@@ -101,15 +102,15 @@ def test_heads_of_another_target_or_kind_are_refused(tiny, trained, tmp_path):
   folder = trained[0].folder
   with pytest.raises(ValueError, match=rf"head drafter in {folder} was trained on a target "
                                        r"\(tiny\) with .*n_layers 2, this target has 3"):
-    heads_io.load_head_drafter(folder, get_preset("tiny-untied-llama3"))
+    registry.load(folder, get_preset("tiny-untied-llama3"))
   with pytest.raises(ValueError, match="holds a medusa drafter, not hydra"):
-    heads_io.load_head_drafter(folder, cfg, kind="hydra")
+    registry.make("hydra", params, cfg, heads=folder)
   with pytest.raises(FileNotFoundError, match="speculax train --config configs/medusa_smollm2.py"):
-    heads_io.load_head_drafter(tmp_path, cfg)
+    registry.load(tmp_path, cfg)
   with pytest.raises(ValueError, match="medusa needs trained heads"):
     registry.make("medusa", params, cfg)
-  with pytest.raises(ValueError, match="are for the head drafters"):
+  with pytest.raises(ValueError, match="are for the trained drafters"):
     registry.make("prompt-lookup", params, cfg, heads=folder)
   (tmp_path / heads_io.SPEC).write_text("{not json")
   with pytest.raises(ValueError, match="not valid JSON"):
-    heads_io.load_head_drafter(tmp_path, cfg)
+    registry.load(tmp_path, cfg)

@@ -9,12 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from speculax.drafters.hydra import Hydra
+from speculax.drafters.medusa import Medusa
+from speculax.drafters.prompt_lookup import PromptLookup
+from speculax.models import llama
 from speculax.train.distill import init_state, train_step
 from speculax.train.heads import HeadsConfig
 from speculax.train.optim import OptimConfig
-from speculax.drafters.hydra import Hydra
-from speculax.drafters.medusa import Medusa
-from speculax.models import llama
 
 TOP_K = 16
 
@@ -55,8 +56,10 @@ def test_heads_learn_the_targets_future_tokens(tiny, drafter):
 def test_bad_heads_config():
   with pytest.raises(ValueError, match="HeadsConfig.divergence must be one of 'fkl', .*, got 'kl-ish'"):
     HeadsConfig(Medusa(2), divergence="kl-ish")
-  with pytest.raises(ValueError, match="must be a head drafter"):
+  with pytest.raises(ValueError, match="HeadsConfig.drafter must be a Drafter or None, got 'medusa'"):
     HeadsConfig("medusa")
+  with pytest.raises(ValueError, match="must be a head drafter"):
+    HeadsConfig(PromptLookup())
 
 
 def test_more_heads_than_the_rows_allow(tiny):

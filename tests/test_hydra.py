@@ -8,16 +8,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.models.sharding import MeshConfig
 from speculax.core.sampling import SamplingConfig
-from speculax.decode.speculative import SpecConfig, speculative_generate
 from speculax.core.trees import DynamicTree, StaticTree
 from speculax.core.types import TargetView
+from speculax.decode.config import SpecConfig
+from speculax.decode.speculative import speculative_generate
 from speculax.drafters.feature_layer import run_layer
 from speculax.drafters.hydra import Hydra, draft_heads
 from speculax.drafters.medusa import Medusa
 from speculax.models import llama
 from speculax.models.kvcache import KVCache
+from speculax.models.sharding import MeshConfig
+
 from tiny_prompts import NEW, PROMPTS
 
 
@@ -169,10 +171,10 @@ def test_bad_hydra_input(tiny):
   with pytest.raises(ValueError, match="trained on another target"):
     speculative_generate(params, cfg, [[1, 2]], Hydra(4), SpecConfig(k=3),
                          drafter_params=Hydra(4).init_params(narrow))
-  with pytest.raises(ValueError, match=r"lack \['prefix/attn_norm'"):
+  with pytest.raises(ValueError, match=r"missing \['prefix/attn_norm'"):
     speculative_generate(params, cfg, [[1, 2]], Hydra(4, prefix_attention=True), SpecConfig(k=3),
                          drafter_params=Hydra(4).init_params(cfg))
-  with pytest.raises(ValueError, match="needs its head params"):
+  with pytest.raises(ValueError, match="needs its trained params"):
     speculative_generate(params, cfg, [[1, 2]], Hydra(4), SpecConfig(k=3))
   with pytest.raises(ValueError, match="Hydra.n_heads must be an int >= 1, got 0"):
     Hydra(0)

@@ -15,12 +15,10 @@ import jax
 import numpy as np
 import pytest
 
-from speculax.models.config import LlamaConfig, RopeScaling, get_preset
-from speculax.models import assets
-from speculax.models import gguf_loader
-from speculax.models import hf_loader
-from speculax.models import llama
+from speculax.models import assets, gguf_loader, hf_loader, llama
 from speculax.models import load as load_mod
+from speculax.models.config import LlamaConfig, RopeScaling, get_preset
+
 from hf_models import tiny_hf_model
 
 torch = pytest.importorskip("torch")
@@ -222,7 +220,7 @@ def test_gguf_tied_and_f16_and_q8(tmp_path):
 def test_gguf_param_dtype_bf16(tiny_gguf):
   path, _ = tiny_gguf
   config, params = gguf_loader.load_gguf(path, param_dtype="bfloat16")
-  assert config.param_dtype == "bfloat16"
+  assert config.runtime.param_dtype == "bfloat16"
   assert {str(x.dtype) for x in jax.tree.leaves(params)} == {"bfloat16"}
 
 
@@ -485,7 +483,8 @@ def test_load_gguf_path_missing_tokenizer_metadata_fails_loudly(tiny_gguf):
 
 def test_preset_mismatch_names_fields():
   preset = get_preset("smollm2-135m")
-  wrong = dataclasses.replace(preset, n_kv_heads=9, rope_theta=1e4, param_dtype="bfloat16")
+  wrong = dataclasses.replace(preset, n_kv_heads=9, rope_theta=1e4).with_runtime(
+      param_dtype="bfloat16")
   with pytest.raises(ValueError, match=r"n_kv_heads.*rope_theta") as e:
     load_mod.check_matches_preset(wrong, preset, "smollm2-135m")
   assert "param_dtype" not in str(e.value)

@@ -4,11 +4,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.models.config import get_preset
-from speculax.decode.speculative import SpecConfig, speculative_generate
 from speculax.core.trees import DynamicTree, StaticTree
+from speculax.decode.config import SpecConfig
+from speculax.decode.speculative import speculative_generate
 from speculax.drafters.medusa import Medusa, heads_logits, init_heads
 from speculax.models import llama
+from speculax.models.config import get_preset
+
 from tiny_prompts import NEW, PROMPTS
 
 
@@ -66,5 +68,5 @@ def test_bad_medusa_input(tiny):
   wide = {"w": jnp.zeros((4, 32, 32)), "b": jnp.zeros((4, 32))}
   with pytest.raises(ValueError, match="trained on another target"):
     speculative_generate(params, cfg, [[1, 2]], Medusa(4), SpecConfig(k=3), drafter_params=wide)
-  with pytest.raises(ValueError, match="needs its head params"):
+  with pytest.raises(ValueError, match="needs its trained params"):
     speculative_generate(params, other, [[1, 2]], Medusa(4), SpecConfig(k=3))

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.models.config import LlamaConfig, get_preset
 from speculax.models import llama
+from speculax.models.config import LlamaConfig, get_preset
 from speculax.models.kvcache import KVCache
 
 

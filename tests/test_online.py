@@ -5,19 +5,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.models.config import get_preset
-from speculax.decode.generate import GenerateConfig, generate
-from speculax.serve.recording import Recording
 from speculax.core.sampling import SamplingConfig
-from speculax.serve.loop import serve
-from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.decode.config import SpecConfig
+from speculax.decode.speculative import speculative_generate
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.medusa import Medusa
 from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models import llama
-from tiny_prompts import NEW, PROMPTS
+from speculax.models.config import get_preset
+from speculax.serve.loop import serve
 from speculax.serve.online import OnlineConfig, OnlineLearner, served_row
+from speculax.serve.recording import Recording
 from speculax.serve.replay import ReplayBuffer
+
+from tiny_prompts import NEW, PROMPTS
 
 SPEC = SpecConfig(k=4, max_new_tokens=NEW)
 

@@ -10,11 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.models import assets
-from speculax.models import gguf_loader
-from speculax.models import hf_loader
-from speculax.models import llama
+from speculax.models import assets, gguf_loader, hf_loader, llama
 from speculax.models.kvcache import KVCache
+
 from hf_models import tiny_hf_model
 
 torch = pytest.importorskip("torch")

@@ -9,36 +9,36 @@
   fail with messages that name the real problem.
 """
 import dataclasses
-from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.models.sharding import MeshConfig
-from speculax.decode.generate import GenerateConfig, generate
 from speculax.core.sampling import SamplingConfig, probs
-from speculax.decode.speculative import SpecConfig, speculative_generate
 from speculax.core.trees import DynamicTree, StaticTree
+from speculax.decode.config import GenerateConfig, SpecConfig
+from speculax.decode.generate import generate
+from speculax.decode.speculative import speculative_generate
+from speculax.drafters import registry
+from speculax.drafters.base import Drafter
 from speculax.drafters.draft_model import DraftModel
-from speculax.drafters.heads_io import load_head_drafter
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.drafters.token_recycling import TokenRecycling
+from speculax.models.sharding import MeshConfig
+
 from tiny_prompts import NEW, PROMPTS
 
 
 @dataclasses.dataclass(frozen=True)
-class Faulty:
+class Faulty(Drafter):
   """Drafts as `drafter`, then puts ids outside the vocabulary at `positions` (a chain's draft
   index or a tree's node index - 1): `vocab + 3` in even rows, -2 in odd rows."""
-  drafter: Any
+  drafter: Drafter
   positions: tuple[int, ...]
 
-  def __getattr__(self, name):  # tree, hidden_layers: the wrapped drafter's
-    if name.startswith("__") or name in ("drafter", "positions"):
-      raise AttributeError(name)
-    return getattr(self.drafter, name)
+  @property
+  def tree(self):
+    return self.drafter.tree
 
   def check(self, target, params, k):
     self.drafter.check(target, params, k)
@@ -159,4 +159,4 @@ def test_a_batch_the_mesh_cannot_split_is_named_as_such(tiny):
 @pytest.mark.parametrize("kind", ["medusa", "hydra", "eagle"])
 def test_a_missing_head_drafter_points_at_its_own_config(tiny, tmp_path, kind):
   with pytest.raises(FileNotFoundError, match=f"configs/{kind}_smollm2.py"):
-    load_head_drafter(tmp_path, tiny[0], kind=kind)
+    registry.make(kind, tiny[1], tiny[0], heads=tmp_path)

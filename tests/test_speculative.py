@@ -3,15 +3,17 @@ import jax
 import numpy as np
 import pytest
 
-from speculax.models.sharding import MeshConfig
-from speculax.models.config import get_preset
-from speculax.decode.generate import GenerateConfig, generate
 from speculax.core.sampling import SamplingConfig
-from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.decode.config import GenerateConfig, SpecConfig
+from speculax.decode.generate import generate
+from speculax.decode.speculative import speculative_generate
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.layer_skip import LayerSkip
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models import llama
+from speculax.models.config import get_preset
+from speculax.models.sharding import MeshConfig
+
 from tiny_prompts import NEW, PROMPTS
 
 

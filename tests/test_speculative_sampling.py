@@ -10,25 +10,26 @@ prompt + x, through the same sampling transform. Planted verifiers (one that ski
 resampling, one that treats siblings drawn without replacement as i.i.d.) must fail the same
 bound.
 """
-import functools
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.models.config import LlamaConfig
 from speculax.core import rejection
 from speculax.core.sampling import SamplingConfig, probs
-from speculax.decode import speculative
-from speculax.verifiers import tree as verify_tree
-from speculax.decode.speculative import SpecConfig, speculative_generate
 from speculax.core.trees import DynamicTree, StaticTree
+from speculax.decode.config import SpecConfig
+from speculax.decode.speculative import speculative_generate
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.eagle import Eagle
 from speculax.drafters.hydra import Hydra
 from speculax.drafters.medusa import Medusa
 from speculax.models import llama
+from speculax.models.config import LlamaConfig
+from speculax.verifiers.tree import TreeVerifier
+
 from test_hydra import random_params
 from test_robustness import Faulty
 
@@ -144,17 +145,20 @@ def test_planted_verifier_without_residual_fails(models, monkeypatch):
   assert max(_tv(first, p1), _tv(second, p2)) > BOUND
 
 
-def test_planted_tree_verifier_with_replacement_fails(models, monkeypatch):
+@dataclasses.dataclass(frozen=True)
+class IidVerifiedDraftModel(DraftModel):
+  """A draft model whose tree is verified as if siblings were i.i.d. draws (they are drawn
+  without replacement): a planted bug, through the Verifier a drafter chooses."""
+
+  def verifier(self):
+    return TreeVerifier(self.tree, without_replacement=False)
+
+
+def test_planted_tree_verifier_with_replacement_fails(models):
   """Siblings drawn without replacement, verified as if i.i.d. (q not reduced): biased."""
   target, draft = models
   sampling = SamplingConfig(temperature=1.0)
   p1, p2 = _exact(target, sampling)
-  monkeypatch.setattr(speculative, "verify_tree",
-                      functools.partial(verify_tree.verify_tree, without_replacement=False))
-  jax.clear_caches()
-  try:
-    first, second = _run(target, draft, sampling, seed=0, drafter=DRAFTERS["static-tree"])
-  finally:
-    monkeypatch.undo()
-    jax.clear_caches()
+  first, second = _run(target, draft, sampling, seed=0,
+                       drafter=IidVerifiedDraftModel(CFG, StaticTree.full((3, 2))))
   assert max(_tv(first, p1), _tv(second, p2)) > BOUND

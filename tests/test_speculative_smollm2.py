@@ -1,8 +1,9 @@
 """Greedy speculative decoding on the real SmolLM2-135M equals its own greedy decoding."""
 import pytest
 
-from speculax.decode.generate import GenerateConfig, generate
-from speculax.decode.speculative import SpecConfig, speculative_generate
+from speculax.decode.config import GenerateConfig, SpecConfig
+from speculax.decode.generate import generate
+from speculax.decode.speculative import speculative_generate
 from speculax.drafters import registry
 from speculax.models.assets import humaneval_prompts
 from speculax.models.derive import truncated
@@ -31,7 +32,9 @@ def test_greedy_equals_target_only_on_humaneval(smollm2, prompts, reference, nam
   # The draft model is cut from the layers the layer-skip drafter keeps, but has its own cache
   # (an untrained few-layer cut accepts nothing, which would leave rollback untested).
   draft = truncated(smollm2.params, cfg, [i for i in range(cfg.n_layers) if i not in SKIP])
-  drafter, dparams = registry.make(name, smollm2.params, cfg, k=4, skip=SKIP, draft=draft)
+  given = dict(skip=SKIP, draft=draft)
+  drafter, dparams = registry.make(name, smollm2.params, cfg,
+                                   **{o: v for o, v in given.items() if o in registry.options(name)})
   out = speculative_generate(smollm2.params, smollm2.config, prompts, drafter,
                              SpecConfig(k=4, max_new_tokens=NEW), drafter_params=dparams)
   assert out.tokens == reference

@@ -8,7 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.models.kernels.tree_attention import BlockSizes, tree_attention, tree_attention_reference
+from speculax.models.kernels.tree_attention import (
+  BlockSizes,
+  tree_attention,
+  tree_attention_reference,
+)
 
 ATOL = 1e-5
 

@@ -1,19 +1,20 @@
 """Tree speculative decoding is lossless: greedy output equals target-only decoding, per prompt."""
-import dataclasses
 
 import jax
 import numpy as np
 import pytest
 
-from speculax.models.sharding import MeshConfig
-from speculax.models.config import get_preset
-from speculax.decode.generate import GenerateConfig, generate
-from speculax.decode.speculative import SpecConfig, speculative_generate
 from speculax.core.trees import DynamicTree, StaticTree
+from speculax.decode.config import GenerateConfig, SpecConfig
+from speculax.decode.generate import generate
+from speculax.decode.speculative import speculative_generate
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.layer_skip import LayerSkip
 from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models import llama
+from speculax.models.config import get_preset
+from speculax.models.sharding import MeshConfig
+
 from tiny_prompts import NEW, PROMPTS
 
 STATIC = StaticTree.full((3, 2, 1))  # 3 + 6 + 6 nodes, depth 3
@@ -96,7 +97,7 @@ def test_bad_tree_input(tiny):
 def test_pallas_attention_gives_identical_tokens(tiny, tiny_reference):
   """The model with the tree-attention kernel (interpret mode) decodes exactly like jnp attention."""
   cfg, params = tiny
-  kernel_cfg = dataclasses.replace(cfg, attention_impl="pallas-interpret", attention_block_kv=32)
+  kernel_cfg = cfg.with_runtime(attention_impl="pallas-interpret", attention_block_kv=32)
   gen = generate(params, kernel_cfg, PROMPTS[:3], GenerateConfig(max_new_tokens=NEW))
   tree = speculative_generate(params, kernel_cfg, PROMPTS[:3], TokenRecycling(),
                               SpecConfig(max_new_tokens=NEW))

@@ -327,10 +327,12 @@ def generate_batched(params: Any, config: Any, prompt_ids: Sequence[Sequence[int
   bucket. Batch b samples with fold_in(key, b).
   """
   import jax
-  from speculax.decode.generate import GenerateConfig, generate
-  from speculax.core.sampling import SamplingConfig
-  from speculax.models import llama
   from tqdm.auto import tqdm
+
+  from speculax.core.sampling import SamplingConfig
+  from speculax.decode.config import GenerateConfig
+  from speculax.decode.generate import generate
+  from speculax.models import llama
 
   _positive(batch_size, "batch_size")
   if not prompt_ids:

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from speculax.models.config import LlamaConfig
 from speculax.core.fields import Checked, field
 from speculax.models import llama
+from speculax.models.config import LlamaConfig
 from speculax.train import losses
 from speculax.train.optim import OptimConfig, make_optimizer
 
@@ -73,7 +73,7 @@ def init_state(params, cfg: DistillConfig) -> TrainState:
 def _student_logits(params, config: LlamaConfig, tokens, mixed_precision: bool):
   if mixed_precision:
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
-    config = dataclasses.replace(config, dtype="bfloat16", param_dtype="bfloat16")
+    config = config.with_runtime(dtype="bfloat16", param_dtype="bfloat16")
   positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
   logits, _, _ = llama.forward(params, config, tokens, positions)
   return logits.astype(jnp.float32)  # [b, t, v]

@@ -19,14 +19,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculax.models.sharding import MeshConfig
-from speculax.models.config import LlamaConfig
 from speculax.core.fields import Checked, field
 from speculax.drafters.heads_io import save_head_drafter
+from speculax.models.checkpoints import Checkpointer
+from speculax.models.config import LlamaConfig
 from speculax.models.derive import truncated
 from speculax.models.load import LoadedModel, load
+from speculax.models.sharding import MeshConfig
 from speculax.train import data
-from speculax.models.checkpoints import Checkpointer
 from speculax.train.distill import DistillConfig, eval_metrics
 from speculax.train.heads import HeadsConfig
 from speculax.train.loop import Target, fit, sharded_init
@@ -121,11 +121,14 @@ def token_rows(cfg: DataConfig, tokenizer) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run(exp: DistillExperiment, *, until: int | None = None,
-        model: LoadedModel | None = None) -> dict:
+        model: LoadedModel | None = None,
+        rows: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
   """Runs (or resumes) the experiment; returns held-out metrics before and after training,
   and for a finished head-drafter run the folder it saved the drafter in ("heads").
 
   model: the loaded target (default: load(exp.target)).
+  rows: (train, held-out) token rows [n, seq_len] of a corpus of your own (default: the
+  standard-library rows exp.data describes).
   """
   heads = isinstance(exp.distill, HeadsConfig)
   if heads and exp.mesh is not None:
@@ -133,7 +136,7 @@ def run(exp: DistillExperiment, *, until: int | None = None,
                      f"drop mesh={exp.mesh}")
   model = load(exp.target) if model is None else model
   s = student(exp, model)
-  train_tokens, held_tokens = token_rows(exp.data, model.tokenizer)
+  train_tokens, held_tokens = token_rows(exp.data, model.tokenizer) if rows is None else rows
   folder = exp.folder
   caches = folder if exp.teacher_dir is None else pathlib.Path(exp.teacher_dir)
   teacher, held = (build_teacher_cache(caches / cache_name(split, s.hidden_layers), model.params,

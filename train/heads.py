@@ -21,20 +21,20 @@ Dims: b batch, t time, j depth, v vocab.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from speculax.core.fields import Checked, field
+from speculax.drafters.base import Drafter
 from speculax.train import losses
 from speculax.train.optim import OptimConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class HeadsConfig(Checked):
-  drafter: Any = None  # a head drafter (drafters.medusa.Medusa, hydra.Hydra, eagle.Eagle)
+  drafter: Drafter | None = None  # a trained kind (Medusa, Hydra, Eagle)
   divergence: losses.Divergence = "fkl"
   divergence_options: tuple[tuple[str, float], ...] = ()
   # Weight of the acceptance head's loss, when it has one.
@@ -45,7 +45,7 @@ class HeadsConfig(Checked):
 
   def __post_init__(self):
     super().__post_init__()
-    if not hasattr(self.drafter, "train_outputs"):
+    if self.drafter is None or not self.drafter.trained:
       raise ValueError(f"HeadsConfig.drafter must be a head drafter (Medusa, Hydra, Eagle), "
                        f"got {self.drafter!r}")
     losses.get_divergence(self.divergence, **dict(self.divergence_options))  # names a bad option

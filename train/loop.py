@@ -14,11 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from speculax.models.sharding import MeshConfig, make_mesh
-from speculax.models.config import LlamaConfig
-from speculax.decode.generate import GenerateConfig, generate
 from speculax.core.sampling import SamplingConfig
+from speculax.decode.config import GenerateConfig
+from speculax.decode.generate import generate
 from speculax.models import sharding
+from speculax.models.config import LlamaConfig
+from speculax.models.sharding import MeshConfig, make_mesh
 from speculax.train.data import batch_rows
 from speculax.train.distill import DistillConfig, TrainState, init_state, teacher_topk, train_step
 

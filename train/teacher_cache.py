@@ -22,10 +22,8 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import pathlib
 import shutil
-import tempfile
 from typing import Any
 
 import jax
@@ -34,8 +32,9 @@ import numpy as np
 import tensorstore as ts
 from tqdm.auto import tqdm
 
-from speculax.models.config import LlamaConfig
+from speculax.core.jsonfile import read_json_object, write_json_atomic
 from speculax.models import llama
+from speculax.models.config import LlamaConfig
 
 FORMAT = "speculax-teacher-cache-v1"
 # Full log-probs are n * t * v floats: fine for tiny test vocabularies, not for real ones.
@@ -70,7 +69,7 @@ def build_teacher_cache(path: str | pathlib.Path, params: Any, config: LlamaConf
     outputs["tokens"] = tokens[lo:hi]
     _write_rows(arrays, lo, hi, outputs)
     done.add(s)
-    _write_json_atomic(path / _PROGRESS, {"done_shards": sorted(done)})
+    write_json_atomic(path / _PROGRESS, {"done_shards": sorted(done)})
   return TeacherCache.open(path, vocab_size=config.vocab_size)
 
 
@@ -199,14 +198,14 @@ def _prepare_folder(path: pathlib.Path, meta: dict, overwrite: bool) -> None:
     shutil.rmtree(path)
     is_cache = False
   if is_cache:
-    old = _read_json(path / _META)
+    old = read_json_object(path / _META)
     diffs = [f"{k}: cache {old.get(k)!r} != now {meta[k]!r}" for k in meta if old.get(k) != meta[k]]
     if diffs:
       raise ValueError(f"teacher cache {path} was built with other settings ("
                        + "; ".join(diffs) + "); pass overwrite=True to rebuild it")
     return
   path.mkdir(parents=True, exist_ok=True)
-  _write_json_atomic(path / _META, meta)
+  write_json_atomic(path / _META, meta)
 
 
 def _array_specs(meta: dict) -> dict[str, tuple[list[int], list[int], str]]:
@@ -255,31 +254,7 @@ def _write_rows(arrays: dict[str, ts.TensorStore], lo: int, hi: int, outputs: di
 
 def _read_progress(path: pathlib.Path) -> set[int]:
   file = path / _PROGRESS
-  return set(_read_json(file)["done_shards"]) if file.is_file() else set()
-
-
-def _read_json(file: pathlib.Path) -> dict:
-  try:
-    value = json.loads(file.read_text(encoding="utf-8"))
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{file}: not valid JSON: {e}") from e
-  if not isinstance(value, dict):
-    raise ValueError(f"{file}: expected a JSON object, got {type(value).__name__}")
-  return value
-
-
-def _write_json_atomic(file: pathlib.Path, value: dict) -> None:
-  """Write to a temporary file in the same folder, fsync, then rename over the target."""
-  fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.")
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      json.dump(value, f, indent=1)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, file)
-  except BaseException:
-    pathlib.Path(tmp).unlink(missing_ok=True)
-    raise
+  return set(read_json_object(file)["done_shards"]) if file.is_file() else set()
 
 
 # ----- reading -----
@@ -298,7 +273,7 @@ class TeacherCache:
     path = pathlib.Path(path)
     if not (path / _META).is_file():
       raise FileNotFoundError(f"no teacher cache at {path} (missing {path / _META})")
-    meta = _read_json(path / _META)
+    meta = read_json_object(path / _META)
     if meta.get("format") != FORMAT:
       raise ValueError(f"{path / _META}: format {meta.get('format')!r}, expected {FORMAT!r}")
     if meta["vocab_size"] != vocab_size:

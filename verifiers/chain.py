@@ -13,16 +13,62 @@ the rule is lossless with respect to the p it is given, so the target goes throu
 for a deterministic drafter such as prompt lookup).
 
 Everything is pure and jittable with `sampling` static; callers jit the whole decode step.
+`ChainVerifier` runs the forward over the pending token and the drafts and applies the rule; a
+chain of adaptive length (Draft.length) is verified by a forward over the longest draft of the
+batch only. Drafts from the first id outside the vocabulary on are not checked (a lossless
+stopping rule: the next token then follows the target's law at that position).
 
 Dims: b batch, k draft length, v vocab.
 """
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from speculax.core import rejection
 from speculax.core.sampling import SamplingConfig, probs
+from speculax.core.types import Draft, Verified
+from speculax.verifiers.base import Forward, Verifier, safe_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainVerifier(Verifier):
+  """k drafts in a row after the pending token; keeps the longest acceptable prefix."""
+
+  def block_shape(self, k: int) -> tuple[int, int]:
+    return k, k
+
+  def verify(self, key: jax.Array, draft: Draft, last: jax.Array, root: jax.Array,
+             forward: Forward, sampling: SamplingConfig, vocab_size: int
+             ) -> tuple[Verified, object]:
+    drafts, valid = safe_tokens(draft.tokens, vocab_size)  # [b, k]
+    b, k = drafts.shape
+    block = jnp.concatenate([last[:, None], drafts], 1)  # [b, k + 1]
+    q = draft.probs
+    if q is None and not sampling.greedy:  # a deterministic drafter: q is one-hot
+      q = jax.nn.one_hot(drafts, vocab_size, dtype=jnp.float32)
+    length = rejection.accepted_prefix(valid)  # [b] drafts before the first bad id
+    if draft.length is not None:
+      length = jnp.minimum(length, draft.length)
+
+    def run(m):  # verifies the first m drafts with one forward of m + 1 tokens
+      logits, hidden, cache = forward(block[:, :m + 1], root[:, None] + jnp.arange(m + 1), None)
+      n_acc, nxt = verify_chain(key, logits, drafts[:, :m], None if q is None else q[:, :m],
+                                sampling, jnp.minimum(length, m))
+      pad = lambda x, axis: jnp.pad(x, [(0, k - m if a == axis else 0) for a in range(x.ndim)])
+      return pad(logits, 1), pad(hidden, 2), cache, n_acc, nxt
+
+    if draft.length is None:
+      logits, hidden, cache, n_acc, nxt = run(k)
+    else:  # adaptive length: the forward covers the longest draft of the batch, no more
+      m = jnp.clip(jnp.max(draft.length), 1, k)
+      logits, hidden, cache, n_acc, nxt = jax.lax.switch(
+          m - 1, [functools.partial(run, i) for i in range(1, k + 1)])
+    path = jnp.broadcast_to(jnp.arange(k + 1, dtype=jnp.int32), (b, k + 1))
+    return Verified(block, logits, hidden, path, n_acc, nxt), cache
 
 def verify_chain(
     key: jax.Array,

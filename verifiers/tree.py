@@ -14,16 +14,49 @@ a draw from the point mass on its token (q one-hot). When a child is kept the wa
 when all are rejected, or u is a leaf, the next token is drawn from the current p. Every emitted
 token then follows the target's sampling distribution exactly.
 
+`TreeVerifier` runs one forward over the root and every node with the tree's ancestor mask and
+moves the kept path's K/V into contiguous cache slots after the root's.
+
 Dims: b batch, n draft nodes (node 0 is the root), v vocab, c children per node, d depth.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 
 from speculax.core import rejection
 from speculax.core.sampling import SamplingConfig, probs
-from speculax.core.trees import children_table, depths, path_to
+from speculax.core.trees import Tree, ancestor_mask, children_table, depths, path_to
+from speculax.core.types import Draft, Verified
+from speculax.verifiers.base import Forward, Verifier, safe_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeVerifier(Verifier):
+  """A tree of draft nodes (static or dynamic) after the pending token."""
+  tree: Tree
+  without_replacement: bool = True  # sampled siblings were drawn without replacement
+
+  def block_shape(self, k: int) -> tuple[int, int]:
+    return self.tree.n_nodes, self.tree.depth
+
+  def verify(self, key: jax.Array, draft: Draft, last: jax.Array, root: jax.Array,
+             forward: Forward, sampling: SamplingConfig, vocab_size: int
+             ) -> tuple[Verified, object]:
+    nodes, valid = safe_tokens(draft.tokens, vocab_size)  # [b, n]
+    b = nodes.shape[0]
+    block = jnp.concatenate([last[:, None], nodes], 1)  # [b, n + 1]
+    depth = self.tree.depth
+    positions = root[:, None] + depths(draft.parents, depth)  # [b, n + 1]
+    logits, hidden, cache = forward(block, positions, ancestor_mask(draft.parents, depth))
+    valid = jnp.concatenate([jnp.ones((b, 1), bool), valid], 1)  # [b, n + 1] the root is kept
+    path, n_acc, nxt = verify_tree(key, logits, block, draft.parents, draft.probs, sampling,
+                                   depth, self.tree.max_children, self.without_replacement,
+                                   valid)
+    return Verified(block, logits, hidden, path, n_acc, nxt), cache.gather_path(root, path)
+
 
 
 def verify_tree(

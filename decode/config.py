@@ -1,0 +1,30 @@
+"""Settings of a decode run: autoregressive (GenerateConfig) and speculative (SpecConfig)."""
+from __future__ import annotations
+
+import dataclasses
+
+from speculax.core.fields import Checked, field
+from speculax.core.sampling import SamplingConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateConfig(Checked):
+  max_new_tokens: int = field(128, ge=1)
+  sampling: SamplingConfig = SamplingConfig()
+  eos_ids: tuple[int, ...] = field((), ge=0)
+  # Prompts are right-padded to a multiple of this: one compile per bucket.
+  prompt_bucket: int = field(64, ge=1)
+
+  def check_vocab(self, vocab_size: int) -> None:
+    """Host-side, once the model is known: top_k and the EOS ids must fit its vocabulary."""
+    self.sampling.check_vocab(vocab_size)
+    bad = [i for i in self.eos_ids if i >= vocab_size]
+    if bad:
+      raise ValueError(f"eos_ids {self.eos_ids} name id {bad[0]}, outside the vocabulary "
+                       f"[0, {vocab_size})")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecConfig(GenerateConfig):
+  """GenerateConfig plus the number of draft tokens per verify step."""
+  k: int = field(5, ge=1)

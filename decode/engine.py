@@ -1,0 +1,111 @@
+"""What every decode loop shares: prompts checked and packed, params, cache and batch placed on
+the mesh, the prefill, a warm-up compile timed apart, the timed run, and the new tokens read back.
+
+A decode loop is a `Program`: how many cache slots it needs past the new tokens, which target
+hidden states its prefill must return, `start` (prefill outputs -> the loop state) and `loop`
+(a jitted `lax.while_loop` over that state, donated). Autoregressive decoding
+(decode/generate.py) and speculative decoding (decode/speculative.py) are two programs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculax.decode.config import GenerateConfig
+from speculax.decode.inputs import check_room, pack_prompts
+from speculax.decode.metrics import DecodeOutput
+from speculax.models import llama, sharding
+from speculax.models.config import LlamaConfig
+from speculax.models.kvcache import KVCache
+from speculax.models.sharding import MeshConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  extra_slots: int  # cache slots past prompt + new tokens (a speculative verify block)
+  hidden_layers: tuple[int, ...]  # prefill features the start reads (() for none)
+  # start(params, tokens [b, T], lengths [b], logits [b, v], hidden, cache, key, max_len,
+  # done: bool) -> loop state with `done` set on every row when done is True (warm-up).
+  start: Callable[..., Any]
+  loop: Callable[[Any, Any], Any]  # (params, state) -> state, run until every row is done
+  # state -> (buffer [b, W], first [b], n [b]): row i's new tokens are buffer[i, first:first + n].
+  new_tokens: Callable[[Any], tuple[jax.Array, jax.Array, jax.Array]]
+
+
+@functools.partial(jax.jit, static_argnames=("config", "hidden_layers"), donate_argnames=("cache",))
+def prefill(params, config: LlamaConfig, tokens, lengths, cache: KVCache,
+            hidden_layers: tuple[int, ...] = ()):
+  """Runs the padded prompts [b, T]; returns last-position logits [b, v], the hidden states at
+  `hidden_layers` for every prompt slot [l, b, T, d] (None when none are asked: drafters that
+  read target features start from them) and the cache.
+
+  Pad slots are written but the cache length is set to each prompt's true length, so they
+  are invisible and get overwritten by the first generated tokens.
+  """
+  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  logits, hidden, cache = llama.forward(params, config, tokens, positions, cache,
+                                        hidden_layers=hidden_layers or (-1,),
+                                        logits_at=(lengths - 1)[:, None])
+  return logits[:, 0], (hidden if hidden_layers else None), cache.with_lengths(lengths)
+
+
+def place(params, config: LlamaConfig, cache: KVCache, tokens, lengths, mesh: MeshConfig | None):
+  """Puts params, cache and the batch on the mesh (if any) and unstacks the layers.
+
+  Decoding runs the layers as an unrolled loop over per-layer buffers (see
+  `llama.unstack_layers`); params already unstacked are used as they are.
+  """
+  tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
+  stacked = not isinstance(params["layers"], tuple)
+  if mesh is not None:
+    mesh.check_batch(tokens.shape[0], "batch size (prompts)")
+    m = sharding.make_mesh(mesh)
+    if stacked:
+      params = sharding.shard_params(params, config, m, mesh.rules)
+    cache = sharding.shard_cache(cache, m, mesh.rules)
+    tokens = jax.device_put(tokens, sharding.batch_sharding(m, mesh.rules, 2))
+    lengths = jax.device_put(lengths, sharding.batch_sharding(m, mesh.rules, 1))
+  return (llama.unstack_layers(params) if stacked else params), cache, tokens, lengths
+
+
+def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Program,
+        key: jax.Array | None, mesh: MeshConfig | None, warmup: bool) -> tuple[Any, DecodeOutput]:
+  """Decodes `prompts` (token-id lists) with `program`; returns its final state and the
+  DecodeOutput of what every decode reports (tokens, timings, target forwards).
+
+  warmup: compile the prefill and the loop first (the loop runs zero steps on a copy of the
+  cache), timed as compile_s, so prefill_s and decode_s measure only the run itself.
+  """
+  gen.check_vocab(config.vocab_size)
+  tokens, lengths = pack_prompts(prompts, config.vocab_size, gen.prompt_bucket)
+  check_room(int(lengths.max()), gen.max_new_tokens, config.max_seq_len, extra=program.extra_slots)
+  b = len(lengths)
+  max_len = tokens.shape[1] + gen.max_new_tokens + program.extra_slots
+  key = jax.random.key(0) if key is None else key
+  params, cache, tokens, lengths = place(
+      params, config, KVCache.init(config, b, max_len, per_layer=True), tokens, lengths, mesh)
+
+  def begin(cache, done: bool):
+    logits, hidden, cache = prefill(params, config, tokens, lengths, cache, program.hidden_layers)
+    return program.start(params, tokens, lengths, logits, hidden, cache, key, max_len, done)
+
+  compile_s = 0.0
+  if warmup:
+    t = time.perf_counter()
+    jax.block_until_ready(program.loop(params, begin(jax.tree.map(jnp.copy, cache), True)))
+    compile_s = time.perf_counter() - t
+  t0 = time.perf_counter()
+  state = jax.block_until_ready(begin(cache, False))
+  t1 = time.perf_counter()
+  state = jax.block_until_ready(program.loop(params, state))
+  t2 = time.perf_counter()
+  buffer, first, n = (np.asarray(x) for x in program.new_tokens(state))
+  out = [buffer[i, first[i]:first[i] + n[i]].tolist() for i in range(b)]
+  return state, DecodeOutput(tokens=out, prefill_s=t1 - t0, decode_s=t2 - t1,
+                             forwards=int(state.forwards), compile_s=compile_s)

@@ -1,0 +1,145 @@
+"""The short API for notebooks and launch scripts: load a model, generate, speculate, and train
+a drafter on any corpus of texts. Each call builds the configs the layers below take (and
+checks them), so everything here is also reachable piece by piece.
+
+    import speculax as sx
+    model = sx.load("smollm2-135m")
+    out = sx.generate(model, ["Write a haiku about JAX."], max_new_tokens=64)
+    out = sx.speculate(model, ["..."], "prompt-lookup", k=5)
+    eagle = sx.train_drafter(model, sx.drafters.Eagle(), corpus=texts, steps=100)
+    out = sx.speculate(model, ["..."], eagle, k=4)
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from speculax.core.sampling import SamplingConfig
+from speculax.decode.config import GenerateConfig, SpecConfig
+from speculax.decode.generate import generate as _generate
+from speculax.decode.metrics import DecodeOutput
+from speculax.decode.speculative import speculative_generate
+from speculax.drafters import registry
+from speculax.drafters.base import Drafter
+from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.registry import LoadedDrafter
+from speculax.models.load import LoadedModel
+from speculax.models.load import load as _load
+from speculax.models.sharding import MeshConfig
+from speculax.train import data, experiment
+from speculax.train.distill import DistillConfig
+from speculax.train.heads import HeadsConfig
+from speculax.train.optim import OptimConfig
+
+Prompts = str | Sequence[str] | Sequence[Sequence[int]]
+
+
+def load(name_or_path: str, *, dtype: str = "float32", param_dtype: str = "float32"
+         ) -> LoadedModel:
+  """A model with its tokenizer: a preset name ("smollm2-135m"), a .gguf file or a Hugging
+  Face folder; `dtype` is the compute dtype, `param_dtype` the weights'."""
+  return _load(name_or_path, dtype=dtype, param_dtype=param_dtype)
+
+
+def generate(model: LoadedModel, prompts: Prompts, *, max_new_tokens: int = 128,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, chat: bool = True,
+             stop_at_eos: bool = True, seed: int = 0, mesh: MeshConfig | None = None
+             ) -> DecodeOutput:
+  """Autoregressive decoding of texts (wrapped in the chat template unless chat=False) or
+  token-id lists; `out.texts` holds the decoded new tokens. Temperature 0 is greedy."""
+  ids = _token_ids(model, prompts, chat)
+  gen = GenerateConfig(**_settings(model, max_new_tokens, temperature, top_k, top_p,
+                                   stop_at_eos))
+  out = _generate(model.params, model.config, ids, gen, jax.random.key(seed), mesh, warmup=True)
+  return _with_texts(model, out)
+
+
+def speculate(model: LoadedModel, prompts: Prompts,
+              drafter: LoadedDrafter | Drafter | str, *, k: int = 5,
+              max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+              top_p: float = 1.0, chat: bool = True, stop_at_eos: bool = True, seed: int = 0,
+              mesh: MeshConfig | None = None) -> DecodeOutput:
+  """Speculative decoding: the same output law as `generate`, with tau and acceptance by
+  position. `drafter`: a LoadedDrafter (drafters.make / drafters.load / train_drafter), a
+  drafter without params, or a registry name built with its defaults ("prompt-lookup")."""
+  if isinstance(drafter, str):
+    drafter = registry.make(drafter, model)
+  elif isinstance(drafter, Drafter):
+    drafter = LoadedDrafter(drafter)
+  elif not isinstance(drafter, LoadedDrafter):
+    raise ValueError(f"drafter must be a LoadedDrafter, a Drafter or a drafter name "
+                     f"({', '.join(registry.KINDS)}), got {drafter!r}")
+  ids = _token_ids(model, prompts, chat)
+  spec = SpecConfig(k=k, **_settings(model, max_new_tokens, temperature, top_k, top_p,
+                                     stop_at_eos))
+  out = speculative_generate(model.params, model.config, ids, drafter.drafter, spec,
+                             drafter.params, jax.random.key(seed), mesh, warmup=True)
+  return _with_texts(model, out)
+
+
+def train_drafter(model: LoadedModel, drafter: Drafter | str, corpus: Sequence[str], *,
+                  steps: int = 200, seq_len: int = 256, rows: int = 512,
+                  heldout_rows: int = 32, batch_size: int = 8, learning_rate: float = 1e-3, divergence: str = "fkl",
+                  draft_layers: Sequence[int] = (0, 6, 12, 18, 24, 29),
+                  out_dir: str = "runs", name: str | None = None) -> LoadedDrafter:
+  """Trains a drafter for `model` on a corpus of texts and returns it ready to speculate.
+
+  drafter: a trained kind's instance (sx.drafters.Medusa(), Hydra(...), Eagle(...), on the
+  target's cached features) or "draft-model" (a cut of the target's `draft_layers`, distilled).
+  Every 10th text is held out for the acceptance estimate; the texts are packed into rows of
+  `seq_len` tokens (at most `rows` for training, `heldout_rows` held out). Runs in
+  <out_dir>/<name> (a rerun resumes).
+  """
+  texts = [corpus] if isinstance(corpus, str) else list(corpus)
+  if len(texts) < 2 or not all(isinstance(t, str) and t.strip() for t in texts):
+    raise ValueError(f"corpus must hold at least 2 non-empty texts (every 10th is held out), "
+                     f"got {len(texts)}")
+  held_texts, train_texts = texts[::10], [t for i, t in enumerate(texts) if i % 10]
+  train = data.pack_sequences(model.tokenizer, train_texts, seq_len, max_rows=rows)
+  held = data.pack_sequences(model.tokenizer, held_texts, seq_len, max_rows=heldout_rows)
+  if not len(train) or not len(held):
+    raise ValueError(f"the corpus fills {len(train)} training and {len(held)} held-out rows of "
+                     f"{seq_len} tokens; give more text or a shorter seq_len")
+  optim = OptimConfig(learning_rate=learning_rate, warmup_steps=min(20, steps // 10),
+                      total_steps=steps)
+  if drafter == "draft-model":
+    distill = DistillConfig(divergence=divergence, batch_size=batch_size, optim=optim)
+  elif isinstance(drafter, Drafter) and drafter.trained:
+    distill = HeadsConfig(drafter, divergence=divergence, batch_size=batch_size, optim=optim)
+  else:
+    raise ValueError(f"drafter must be a trained kind ({', '.join(registry.TRAINED)}) or "
+                     f"'draft-model', got {drafter!r}")
+  kind = drafter if isinstance(drafter, str) else drafter.name
+  exp = experiment.DistillExperiment(
+      name=name or f"{kind}-{model.name.replace('/', '_') or 'model'}",
+      target=model.name or "model", draft_layers=tuple(draft_layers),
+      data=experiment.DataConfig(seq_len=seq_len, rows=len(train), heldout_rows=len(held)),
+      distill=distill, out_dir=out_dir, checkpoint_every=max(steps // 4, 1),
+      log_every=max(steps // 20, 1), eval_every=max(steps // 4, 1))
+  result = experiment.run(exp, model=model, rows=(train, held))
+  if result["heads"] is not None:
+    return registry.load(result["heads"], model)
+  return LoadedDrafter(DraftModel(result["draft_config"]), result["state"].params)
+
+
+def _token_ids(model: LoadedModel, prompts: Prompts, chat: bool) -> list[list[int]]:
+  """Texts (one or a list) -> token ids, through the chat template unless chat=False; lists of
+  token ids pass through (checked later against the vocabulary)."""
+  prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+  tok = model.tokenizer
+  return [tok.encode(tok.chat_prompt(p) if chat else p) if isinstance(p, str) else
+          np.asarray(p).tolist() for p in prompts]
+
+
+def _settings(model: LoadedModel, max_new_tokens, temperature, top_k, top_p,
+              stop_at_eos) -> dict:
+  eos = tuple(model.tokenizer.eos_ids) if stop_at_eos else ()
+  return dict(max_new_tokens=max_new_tokens, eos_ids=eos,
+              sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p))
+
+
+def _with_texts(model: LoadedModel, out: DecodeOutput) -> DecodeOutput:
+  return dataclasses.replace(out, texts=[model.tokenizer.decode(t) for t in out.tokens])
