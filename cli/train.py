@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import pathlib
 import runpy
 
@@ -16,12 +17,23 @@ def add_parser(sub) -> None:
                   "Outputs go to <out_dir>/<name>/: teacher caches, checkpoints, metrics.csv, "
                   "curves.png, and for head drafters drafter.json + drafter_params.",
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  p.add_argument("--config", required=True, help="Python file defining EXPERIMENT")
+  p.add_argument("--config", required=True,
+                 help="Python file defining EXPERIMENT, or the name of one shipped in "
+                      f"speculax.configs ({', '.join(shipped_experiments())})")
   p.add_argument("--steps", type=count(1), default=None,
                  help="override the number of optimizer updates "
                       "(EXPERIMENT.distill.optim.total_steps)")
   p.add_argument("--out-dir", default=None, help="override the experiment's output folder")
   p.set_defaults(run=run)
+
+
+def _configs_folder() -> pathlib.Path:
+  return pathlib.Path(importlib.util.find_spec("speculax.configs").origin).parent
+
+
+def shipped_experiments() -> list[str]:
+  """Experiment files installed with speculax (speculax/configs), by name."""
+  return sorted(f.stem for f in _configs_folder().glob("*.py") if f.stem != "__init__")
 
 
 def load_experiment(path: str):
@@ -30,8 +42,11 @@ def load_experiment(path: str):
   holds something else raises ValueError naming the file and the problem."""
   from speculax.train.experiment import DistillExperiment
   file = pathlib.Path(path)
+  if not file.is_file() and path in shipped_experiments():
+    file = _configs_folder() / f"{path}.py"
   if not file.is_file():
-    raise FileNotFoundError(f"experiment config {path!r} does not exist")
+    raise FileNotFoundError(f"experiment config {path!r} does not exist (shipped ones: "
+                            f"{', '.join(shipped_experiments())})")
   try:
     names = runpy.run_path(str(file))
   except SyntaxError as e:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The test suite on CPU (8 fake devices, see tests/conftest.py). Extra arguments go to pytest.
+# The test suite on CPU (8 fake devices, see tests/conftest.py), in 2 worker processes
+# (PYTEST_WORKERS=0 for one). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh "test,reference"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q -n "${PYTEST_WORKERS:-2}" "$@"

@@ -132,7 +132,7 @@ def test_generate_chat_prompt_on_smollm2(capsys, drafter):
 
 
 @pytest.mark.parametrize("config", ["configs/distill_smollm2.py", "configs/medusa_smollm2.py",
-                                    "configs/hydra_smollm2.py"])
+                                    "hydra_smollm2"])  # a path, or a shipped experiment's name
 def test_train_overrides_either_trainers_budget(config):
   from speculax.cli.train import load_experiment, overridden
   exp = load_experiment(config)

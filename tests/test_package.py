@@ -7,6 +7,7 @@ import-linter contract of pyproject.toml (checked on the installed copy: the rep
 folders are subpackages only once installed).
 """
 import pathlib
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -32,9 +33,13 @@ def installed(tmp_path_factory):
   site = pathlib.Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))",
                            cwd=root).stdout.strip())
   (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
-  # Build the wheel here (the fresh venv has no build backend), install it there.
+  # Build the wheel here (the fresh venv has no build backend), from a copy of the sources (a
+  # build writes build/ and egg-info beside them), and install it there.
+  src = root / "src"
+  shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+      ".venv", ".git", "build", "runs", "results", "__pycache__", "*.egg-info"))
   out = _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-             "--wheel-dir", root / "dist", REPO, cwd=root)
+             "--wheel-dir", root / "dist", src, cwd=root)
   assert out.returncode == 0, out.stderr
   wheel = next((root / "dist").glob("speculax-*.whl"))
   out = _run(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--quiet",
