@@ -29,6 +29,23 @@ def count(lo: int):
   return parse
 
 
+def add_drafter_tuning(p: argparse.ArgumentParser) -> None:
+  """Flags for what every drafter with an output layer or a chain law can tune (registry.COMMON)."""
+  p.add_argument("--vocab-trim", type=count(1), default=None, metavar="N",
+                 help="VocabTrim: the drafter scores only the N tokens the target writes most "
+                      "often (trained run folders carry the order; otherwise give --vocab-ids)")
+  p.add_argument("--vocab-ids", default=None, metavar="FILE.npy",
+                 help="VocabTrim: the target's token ids by frequency, most frequent first")
+  p.add_argument("--exit-threshold", type=float, default=None, metavar="P",
+                 help="early exit (Kangaroo): a chain ends before a draft whose top draft "
+                      "probability is below P, in (0, 1)")
+
+
+def tuning_options(args) -> dict:
+  return {"vocab_trim": args.vocab_trim, "vocab_ids": args.vocab_ids,
+          "exit_threshold": args.exit_threshold}
+
+
 def build_drafter(name: str, model, load, options: dict, k: int):
   """(drafter, params) of registry kind `name` for the loaded target from the flags' options
   (None: not set; "draft" still a model name). Adds what a kind needs from the run: the k a

@@ -7,7 +7,7 @@ import time
 
 import jax
 
-from speculax.cli.args import build_drafter, count
+from speculax.cli.args import add_drafter_tuning, build_drafter, count, tuning_options
 from speculax.core.sampling import SamplingConfig
 from speculax.core.trees import parse_tree
 from speculax.decode.config import GenerateConfig, SpecConfig
@@ -53,6 +53,9 @@ def add_parser(sub) -> None:
   p.add_argument("--skip", default=None, metavar="I,J,...",
                  help="layer-skip: target layers the drafter skips (default: searched on the "
                       "first 4 HumanEval prompts)")
+  p.add_argument("--adapt", type=count(1), default=None, metavar="N",
+                 help="layer-skip: also carry N more skip sets from the search and switch among "
+                      "them on the fly by measured acceptance per draft cost (SWIFT-style)")
   p.add_argument("--draft-model", default=None,
                  help="draft-model: a preset, .gguf file or HF folder sharing the target's "
                       "vocabulary (default: the target's first --draft-layers layers, untrained)")
@@ -63,6 +66,7 @@ def add_parser(sub) -> None:
                  help=f"trained drafters ({', '.join(registry.TRAINED)}): the run folder (drafter.json "
                       "+ drafter_params) that `speculax train --config "
                       "configs/<drafter>_smollm2.py` writes; -k at most its number of heads")
+  add_drafter_tuning(p)
   p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
                  help="run sharded on a device mesh of this shape, e.g. 4,1,2")
   p.set_defaults(run=run)
@@ -122,7 +126,7 @@ def _options(args, tree) -> dict:
   """The registry options the flags set (None: not set); --draft-model is still a name here."""
   skip = None if args.skip is None else _ints(args.skip, "--skip")
   return {"tree": tree, "heads": args.heads, "skip": skip, "draft": args.draft_model,
-          "draft_layers": args.draft_layers}
+          "draft_layers": args.draft_layers, "adapt": args.adapt, **tuning_options(args)}
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:

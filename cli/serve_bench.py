@@ -16,7 +16,7 @@ import time
 import jax
 import numpy as np
 
-from speculax.cli.args import build_drafter, count
+from speculax.cli.args import add_drafter_tuning, build_drafter, count, tuning_options
 from speculax.core.sampling import SamplingConfig
 from speculax.decode.config import SpecConfig
 from speculax.drafters import registry
@@ -48,6 +48,7 @@ def add_parser(sub) -> None:
                  help="draft-model: layers of the target the default cut keeps (default 4)")
   p.add_argument("--heads", default=None, metavar="FOLDER", help="head drafters: trained folder")
   p.add_argument("-k", type=count(1), default=4, help="draft tokens per verify step")
+  add_drafter_tuning(p)
   p.add_argument("--batch-size", type=count(1), default=4, help="requests decoded together")
   p.add_argument("--max-new-tokens", type=count(1), default=64)
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -161,7 +162,8 @@ def run(args) -> int:
                           heldout_every=args.heldout_every, seed=args.seed)
   spec = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens,
                     sampling=SamplingConfig(args.temperature), prompt_bucket=128)
-  options = {"heads": args.heads, "draft": args.draft_model, "draft_layers": args.draft_layers}
+  options = {"heads": args.heads, "draft": args.draft_model, "draft_layers": args.draft_layers,
+             **tuning_options(args)}
   registry.check_options(args.drafter, **options)
   model = load(args.model)
   drafter, dparams = build_drafter(args.drafter, model, load, options, args.k)

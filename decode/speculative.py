@@ -144,7 +144,7 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   warmup: compile everything first (the loop runs zero steps), timed apart as compile_s.
   """
   drafter.check(config, drafter_params, spec.k)
-  drafter_params = drafter.prepare(drafter_params)
+  drafter_params = drafter.prepare(drafter_params, params, config)
   # Room past the new tokens: one verify block (k or tree nodes, + 1) after the last.
   program = engine.Program(
       extra_slots=block_shape(drafter, spec)[0] + 1, hidden_layers=drafter.hidden_layers,

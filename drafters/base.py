@@ -12,7 +12,9 @@ token emitted so far; the target cache holds all of them but the pending last on
 from __future__ import annotations
 
 import abc
+import functools
 import os
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
@@ -21,7 +23,8 @@ from speculax.core.fields import Checked
 from speculax.core.sampling import SamplingConfig
 from speculax.core.trees import Tree
 from speculax.core.types import Draft, TargetView, Verified
-from speculax.drafters import heads_io
+from speculax.drafters import heads_io, vocab_trim
+from speculax.models import llama
 from speculax.models.config import LlamaConfig
 from speculax.verifiers.base import Verifier
 from speculax.verifiers.chain import ChainVerifier
@@ -43,6 +46,12 @@ class Drafter(Checked, abc.ABC):
   # Target hidden states (Hugging Face indexing) the drafter reads: the prefill's at init
   # (TargetView.prompt_hidden) and the verify step's (Verified.hidden); () for none.
   hidden_layers: tuple[int, ...] = ()
+  # VocabTrim (drafters/vocab_trim.py): score only the first N ids of the frequency order held in
+  # the params under "vocab_ids" (0: the whole vocabulary; a field where supported).
+  vocab_trim: int = 0
+  # Kangaroo's early exit: a chain ends before the first draft (after the first) whose top draft
+  # probability is below this, in (0, 1) (None: off; a field where supported).
+  exit_threshold: float | None = None
 
   @classmethod
   def build(cls, params, config: LlamaConfig, *, heads: str | os.PathLike,
@@ -63,12 +72,42 @@ class Drafter(Checked, abc.ABC):
     if self.tree is not None and self.tree.max_children > target.vocab_size:
       raise ValueError(f"tree asks {self.tree.max_children} candidates per node, more than the "
                        f"vocabulary size {target.vocab_size}")
+    if self.exit_threshold is not None and self.tree is not None:
+      raise ValueError(f"exit_threshold={self.exit_threshold} (early exit) applies to chains; "
+                       f"drop the tree")
+    if self.vocab_trim:
+      if not isinstance(params, dict) or vocab_trim.IDS not in params:
+        raise ValueError(f"vocab_trim={self.vocab_trim} needs the target's token frequency "
+                         f"order in the drafter params under {vocab_trim.IDS!r} (see "
+                         f"drafters/vocab_trim.frequency_order)")
+      vocab_trim.check_order(params[vocab_trim.IDS], target.vocab_size, self.vocab_trim)
+      if self.tree is not None and self.tree.max_children > self.vocab_trim:
+        raise ValueError(f"tree asks {self.tree.max_children} candidates per node, more than "
+                         f"the {self.vocab_trim} tokens vocab_trim keeps")
     if self.trained:
-      self.check_params(target, params)
+      self.check_params(target, without_order(params))
 
-  def prepare(self, params):
-    """Host-side, once per call: the drafter's params in the form `propose` reads."""
-    return params
+  def prepare(self, params, target_params, target: LlamaConfig):
+    """Host-side, once per call: the drafter's params in the form `propose` reads (with
+    VocabTrim, the kept rows of its output layer gathered once here)."""
+    if not self.vocab_trim:
+      return without_order(params)
+    order = params[vocab_trim.IDS][:self.vocab_trim]
+    head = vocab_trim.trimmed_head(*self.output_layer(params, target_params, target), order)
+    return {**without_order(params), vocab_trim.TRIM: head}
+
+  def output_layer(self, params, target_params, target: LlamaConfig) -> tuple[Any, LlamaConfig]:
+    """(params, config) of the output layer the drafter scores with: the target's."""
+    return target_params, target
+
+  def output(self, params, target_params, target: LlamaConfig) -> Callable[[jax.Array], jax.Array]:
+    """In `propose`, on prepared params: final-normed features [..., d] -> logits [..., v]
+    float32 through the drafter's output layer (only the kept rows with VocabTrim; -inf
+    elsewhere, so q is exactly zero there)."""
+    if self.vocab_trim:
+      return functools.partial(vocab_trim.trimmed_logits, params[vocab_trim.TRIM],
+                               vocab_size=target.vocab_size)
+    return functools.partial(llama.lm_head, *self.output_layer(params, target_params, target))
 
   def init(self, params, view: TargetView, config: LlamaConfig, max_len: int) -> Any:
     """State after the target's prefill (history holds the prompt and the first new token)."""
@@ -111,6 +150,13 @@ class Drafter(Checked, abc.ABC):
                                   f"shapes {wrong}, expected "
                                   f"{ {k: want[k] for k in wrong} }" if wrong else "") if x)
           + ". Were they trained on another target, or with other drafter settings?")
+
+
+def without_order(params):
+  """The params without VocabTrim's frequency order (what training and shape checks see)."""
+  if isinstance(params, dict) and vocab_trim.IDS in params:
+    return {k: v for k, v in params.items() if k != vocab_trim.IDS}
+  return params
 
 
 def _shapes(params) -> dict[str, tuple[int, ...]]:

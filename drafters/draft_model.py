@@ -10,6 +10,7 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
+from speculax.core.fields import field
 from speculax.core.trees import Tree
 from speculax.core.types import Draft, TargetView, Verified
 from speculax.drafters.base import Drafter
@@ -28,6 +29,8 @@ class DraftModel(Drafter):
                             "target's layers; distil it with `speculax train`); chain or tree")
   config: LlamaConfig
   tree: Tree | None = None  # None: a chain of k drafts
+  vocab_trim: int = field(0, ge=0)  # VocabTrim: the N most frequent target tokens (0: all)
+  exit_threshold: float | None = field(None, gt=0, lt=1)  # Kangaroo early exit (chains)
 
   @classmethod
   def build(cls, params, config, *, draft=None, draft_layers: int = 4,
@@ -47,7 +50,11 @@ class DraftModel(Drafter):
     if params is None:
       raise ValueError("a DraftModel drafter needs its params (drafter_params=...)")
 
-  def prepare(self, params):
+  def output_layer(self, params, target_params, target):
+    return params, self.config  # its own
+
+  def prepare(self, params, target_params, target):
+    params = super().prepare(params, target_params, target)
     return llama.unstack_layers(params) if not isinstance(params["layers"], tuple) else params
 
   def init(self, params, view: TargetView, config, max_len: int) -> KVCache:
@@ -61,13 +68,15 @@ class DraftModel(Drafter):
 
   def propose(self, params, state: KVCache, view: TargetView, key, config, k: int, sampling):
     last = view.pending
+    output = self.output(params, None, config) if self.vocab_trim else None  # None: its own
     if self.tree is not None:
       tokens, q, parents, state = draft_tree(params, self.config, state, last, key, self.tree,
-                                             sampling, feed_leaves=True)
+                                             sampling, feed_leaves=True, output=output)
       return Draft(tokens=tokens, probs=q, parents=parents), state, view
-    tokens, q, state = draft_chain(params, self.config, state, last, key, k, sampling,
-                                   extra_step=True)
-    return Draft(tokens=tokens, probs=q), state, view
+    tokens, q, length, state = draft_chain(params, self.config, state, last, key, k, sampling,
+                                           extra_step=True, output=output,
+                                           exit_threshold=self.exit_threshold)
+    return Draft(tokens=tokens, probs=q, length=length), state, view
 
   def update(self, params, state: KVCache, view: TargetView, verified: Verified):
     if self.tree is not None:  # the kept path's K/V into contiguous slots after the root's

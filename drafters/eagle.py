@@ -68,6 +68,8 @@ class Eagle(Drafter):
   tree: Tree | None = None  # None: a chain of k drafts
   # SpecDec++: stop once P(some draft rejected) > this (an acceptance threshold in (0, 1)).
   stop_threshold: float | None = field(None, gt=0, lt=1)
+  vocab_trim: int = field(0, ge=0)  # VocabTrim: the N most frequent target tokens (0: all)
+  exit_threshold: float | None = field(None, gt=0, lt=1)  # Kangaroo early exit (chains)
 
   def __post_init__(self):
     super().__post_init__()
@@ -121,9 +123,10 @@ class Eagle(Drafter):
   def propose(self, params, state: EagleState, view: TargetView, key, config, k: int,
               sampling: SamplingConfig):
     root = state.cache.lengths  # [b] P
-    logits = llama.lm_head(view.params, config, state.feature)  # [b, v]
+    output = self.output(params, view.params, config)
+    logits = output(state.feature)  # [b, v]
     if self.tree is not None:
-      return self._tree(params, state, view, key, config, sampling, logits), state, view
+      return self._tree(params, state, view, key, config, sampling, logits, output), state, view
     b = logits.shape[0]
     greedy = sampling.greedy
 
@@ -132,6 +135,9 @@ class Eagle(Drafter):
       tokens = tokens.at[:, s].set(tok)
       if not greedy:
         q = q.at[:, s].set(probs(logits, sampling))
+      if self.exit_threshold is not None:  # Kangaroo: a low draft s > 0 is not proposed
+        top = jnp.max(jax.nn.softmax(logits, -1) if greedy else q[:, s], -1)
+        length = jnp.where((top < self.exit_threshold) & (length == k) & (s > 0), s, length)
       if self.stop_threshold is not None:  # SpecDec++: P(all drafts so far kept)
         p_kept = p_kept * jax.nn.sigmoid(_accept_logit(params, feature, logits))
         stop = (1 - p_kept > self.stop_threshold) & (length == k)
@@ -143,7 +149,7 @@ class Eagle(Drafter):
       a, cache = _step(params, view.params, config, feature[:, None], tok[:, None],
                        (root + s - 1)[:, None], cache, jnp.ones((b, 1, 1), bool))
       feature = a[:, 0]
-      logits = llama.lm_head(view.params, config, feature)
+      logits = output(feature)
       tokens, q, p_kept, length, tok = draw(s, tokens, q, logits, feature, p_kept, length)
       return s + 1, tokens, q, feature, cache, p_kept, length, tok
 
@@ -156,9 +162,11 @@ class Eagle(Drafter):
                                           jnp.full((b,), k, jnp.int32))
     init = (jnp.ones((), jnp.int32), tokens, q, state.feature, state.cache, p_kept, length, tok)
     _, tokens, q, *_, length, _ = jax.lax.while_loop(cond, body, init)
-    return Draft(tokens, q, length=None if self.stop_threshold is None else length), state, view
+    adaptive = self.stop_threshold is not None or self.exit_threshold is not None
+    return Draft(tokens, q, length=length if adaptive else None), state, view
 
-  def _tree(self, params, state: EagleState, view, key, config, sampling, logits) -> Draft:
+  def _tree(self, params, state: EagleState, view, key, config, sampling, logits,
+            output) -> Draft:
     """EAGLE-2: the tree grows level by level; a node's entry reads its parent's feature."""
     root = state.cache.lengths
 
@@ -168,9 +176,9 @@ class Eagle(Drafter):
       positions = (root + d - 1)[:, None] + jnp.zeros(level.shape, jnp.int32)
       # The root has no entry of its own (entry P - 1 is real): drop its mask column.
       a, cache = _step(params, view.params, config, g, level, positions, cache, mask[..., 1:])
-      return llama.lm_head(view.params, config, a), (cache, a)
+      return output(a), (cache, a)
 
-    tokens, q, parents, _ = grow_tree(feed, (state.cache, state.feature[:, None]),
+    tokens, q, parents, _, _ = grow_tree(feed, (state.cache, state.feature[:, None]),
                                       logits[:, None], key, self.tree, sampling)
     return Draft(tokens, q, parents)
 

@@ -4,6 +4,9 @@
                            its tree: a decode-time choice), the target it was trained on (preset
                            name, architecture), the training step
   <folder>/drafter_params  its params at that step (models/checkpoints.py, one orbax step)
+  <folder>/vocab_ids.npy   the target's tokens by frequency on the training corpus, most
+                           frequent first ([v] int32): VocabTrim keeps a prefix of it
+                           (drafters/vocab_trim.py)
 
     drafter, params = speculax.drafters.load("runs/medusa-smollm2", model.config, tree=tree)
 """
@@ -16,19 +19,29 @@ import pathlib
 from typing import Any
 
 import jax
+import numpy as np
 
 from speculax.core.jsonfile import read_json_object, write_json_atomic
+from speculax.drafters import vocab_trim
 from speculax.models.checkpoints import Checkpointer
 from speculax.models.config import LlamaConfig, RopeScaling
 
 FORMAT = "speculax-head-drafter-v1"
-SPEC, PARAMS = "drafter.json", "drafter_params"
+SPEC, PARAMS, ORDER = "drafter.json", "drafter_params", "vocab_ids.npy"
+# Decode-time choices, not saved: what a drafter drafts (tree), how much vocabulary it scores
+# and when a chain exits early.
+DECODE_FIELDS = ("tree", "vocab_trim", "exit_threshold")
 
 
 def save_head_drafter(folder: str | os.PathLike, drafter, params, target: str,
-                      target_config: LlamaConfig, step: int) -> pathlib.Path:
-  """Writes the params (unless that step is already there), then drafter.json; returns it."""
+                      target_config: LlamaConfig, step: int,
+                      vocab_ids: np.ndarray | None = None) -> pathlib.Path:
+  """Writes the params (unless that step is already there), the frequency order `vocab_ids`
+  if given, then drafter.json; returns it."""
   folder = pathlib.Path(folder)
+  if vocab_ids is not None:
+    vocab_trim.check_order(vocab_ids, target_config.vocab_size, 1)
+    np.save(folder / ORDER, np.asarray(vocab_ids, np.int32))
   with Checkpointer(folder / PARAMS, every=1, keep=1, async_save=False) as ck:
     if ck.latest_step() != step:
       ck.save(step, params, force=True)
@@ -67,7 +80,12 @@ def load_head_drafter(folder: str | os.PathLike, cls: type, target_config: Llama
   drafter = cls(**_as_tuples(spec["fields"]), tree=tree)
   like = jax.eval_shape(lambda key: drafter.init_params(target_config, key), jax.random.key(0))
   with Checkpointer(folder / PARAMS, every=1, keep=1, async_save=False) as ck:
-    return drafter, ck.restore(spec["step"], like=like)
+    params = ck.restore(spec["step"], like=like)
+  if (folder / ORDER).is_file():
+    order = vocab_trim.check_order(np.load(folder / ORDER), target_config.vocab_size, 1,
+                                   where=str(folder / ORDER))
+    params = {**params, vocab_trim.IDS: order}
+  return drafter, params
 
 
 def _json(value):
@@ -76,9 +94,10 @@ def _json(value):
 
 
 def _fields(drafter) -> dict:
-  """Constructor fields but the tree; each must survive a JSON round trip (tuples as lists)."""
+  """Constructor fields but the decode-time ones; each must survive a JSON round trip (tuples
+  as lists)."""
   fields = {f.name: getattr(drafter, f.name) for f in dataclasses.fields(drafter)
-            if f.name != "tree"}
+            if f.name not in DECODE_FIELDS}
   for name, value in fields.items():
     try:
       back = _as_tuples(_json(value))

@@ -32,6 +32,7 @@ Dims: b batch, t time, w level width, p path length, j heads, d model, v vocab.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import ClassVar
 
 import flax.struct
@@ -44,6 +45,7 @@ from speculax.core.sampling import SamplingConfig
 from speculax.core.trees import StaticTree, Tree
 from speculax.core.types import Draft, TargetView, Verified
 from speculax.drafters.base import Drafter
+from speculax.drafters.chain import exit_length
 from speculax.drafters.feature_layer import init_layer, layer_config, run_layer
 from speculax.drafters.tree_draft import check_heads, grow_tree
 from speculax.models import llama
@@ -68,6 +70,8 @@ class Hydra(Drafter):
   tree: Tree | None = None  # None: a chain of k <= n_heads drafts
   prefix_attention: bool = False  # Hydra++: a causal decoder layer over the context's features
   mlp_layers: int = field(1, ge=1)  # residual SiLU blocks per head (Hydra++: 4)
+  vocab_trim: int = field(0, ge=0)  # VocabTrim: the N most frequent target tokens (0: all)
+  exit_threshold: float | None = field(None, gt=0, lt=1)  # Kangaroo early exit (chains)
 
   def check(self, target, params, k: int) -> None:
     super().check(target, params, k)
@@ -91,10 +95,11 @@ class Hydra(Drafter):
               sampling: SamplingConfig):
     tree = self.tree if self.tree is not None else StaticTree.chain(k)
     last = view.pending
-    tokens, q, parents = draft_heads(params, view.params, config, state.base, last, key, tree,
-                                     sampling)
-    return Draft(tokens=tokens, probs=q, parents=None if self.tree is None else parents), \
-        state, view
+    tokens, q, parents, top = draft_heads(params, view.params, config, self.output(
+        params, view.params, config), state.base, last, key, tree, sampling)
+    length = None if self.exit_threshold is None else exit_length(top, self.exit_threshold)
+    return Draft(tokens=tokens, probs=q, parents=None if self.tree is None else parents,
+                 length=length), state, view
 
   def update(self, params, state: HydraState, view: TargetView, verified: Verified) -> HydraState:
     """The base at the last kept node; with prefix_attention, the kept path's features appended
@@ -132,33 +137,36 @@ class Hydra(Drafter):
     e = llama.embed(frozen, config, tokens)  # [b, t, d]
     ahead = jnp.stack([jnp.pad(e[:, m:], ((0, 0), (0, m), (0, 0))) for m in
                        range(1, self.n_heads + 1)], 2)  # [b, t, j, d]: ahead[:, i, m - 1] = e_{i+m}
-    return {"logits": jnp.stack([head_logits(params[f"head{j}"], frozen, config, h, ahead[:, :, :j])
+    output = functools.partial(llama.lm_head, frozen, config)
+    return {"logits": jnp.stack([head_logits(params[f"head{j}"], output, h, ahead[:, :, :j])
                                  for j in range(1, self.n_heads + 1)], 2)}  # [b, t, j, v]
 
 
-def head_logits(head: dict, target_params, config, base: jax.Array, path: jax.Array) -> jax.Array:
-  """One head: base [..., d] and the path's embeddings [..., p, d] -> logits [..., v]."""
+def head_logits(head: dict, output, base: jax.Array, path: jax.Array) -> jax.Array:
+  """One head: base [..., d] and the path's embeddings [..., p, d] -> logits [..., v] through
+  `output` (features -> logits)."""
   base = jnp.broadcast_to(base, path.shape[:-2] + base.shape[-1:])
   x = jnp.concatenate([base, path.reshape(*path.shape[:-2], -1)], -1)  # [..., (p + 1) d]
   z = x @ head["w_in"] + head["b_in"]  # [..., d]
   for w, b in zip(head["w_mlp"], head["b_mlp"]):
     z = z + jax.nn.silu(z @ w + b)
-  return llama.lm_head(target_params, config, z)
+  return output(z)
 
 
-def draft_heads(params, target_params, config, base: jax.Array, last: jax.Array, key: jax.Array,
-          tree: Tree, sampling: SamplingConfig):
+def draft_heads(params, target_params, config, output, base: jax.Array, last: jax.Array,
+                key: jax.Array, tree: Tree, sampling: SamplingConfig):
   """One tree per row after the pending token `last` [b]: tokens [b, n], q [b, n, v] or None,
-  parents [b, n + 1]. Head j runs on each depth j - 1 node's path of embeddings."""
+  parents [b, n + 1], top [b, n] (grow_tree's). Head j runs on each depth j - 1 node's path of
+  embeddings."""
   path = llama.embed(target_params, config, last)[:, None, None]  # [b, 1, 1, d] the root's
-  root_logits = head_logits(params["head1"], target_params, config, base[:, None], path)
+  root_logits = head_logits(params["head1"], output, base[:, None], path)
 
   def feed(path, depth, level, local, mask):  # path [b, w', depth, d] of depth - 1's nodes
     path = jnp.concatenate([jnp.take_along_axis(path, local[:, :, None, None], 1),
                             llama.embed(target_params, config, level)[:, :, None]], 2)
-    logits = head_logits(params[f"head{depth + 1}"], target_params, config, base[:, None], path)
+    logits = head_logits(params[f"head{depth + 1}"], output, base[:, None], path)
     return logits, path  # [b, w, v], [b, w, depth + 1, d]
 
-  tokens, q, parents, _ = grow_tree(feed, path, root_logits, key, tree, sampling)
-  return tokens, q, parents
+  tokens, q, parents, _, top = grow_tree(feed, path, root_logits, key, tree, sampling)
+  return tokens, q, parents, top
 

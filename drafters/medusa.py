@@ -16,6 +16,7 @@ Dims: b batch, d model, v vocab, j heads, c candidates.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import ClassVar
 
 import jax
@@ -26,6 +27,7 @@ from speculax.core.sampling import SamplingConfig, candidates, probs, sample
 from speculax.core.trees import StaticTree
 from speculax.core.types import Draft, TargetView, Verified
 from speculax.drafters.base import Drafter
+from speculax.drafters.chain import exit_length
 from speculax.drafters.tree_draft import check_heads
 from speculax.models import llama
 
@@ -39,6 +41,8 @@ class Medusa(Drafter):
   hidden_layers: ClassVar[tuple[int, ...]] = (-1,)  # the final-normed features
   n_heads: int = field(4, ge=1)
   tree: StaticTree | None = None  # None: a chain of k <= n_heads drafts
+  vocab_trim: int = field(0, ge=0)  # VocabTrim: the N most frequent target tokens (0: all)
+  exit_threshold: float | None = field(None, gt=0, lt=1)  # Kangaroo early exit (chains)
 
   def check(self, target, params, k: int) -> None:
     super().check(target, params, k)
@@ -53,12 +57,15 @@ class Medusa(Drafter):
   def propose(self, params, state: jax.Array, view: TargetView, key, config, k: int,
               sampling: SamplingConfig):
     depth = self.tree.depth if self.tree is not None else k
-    logits = heads_logits(params, view.params, config, state)[:, :depth]  # [b, depth, v]
+    output = self.output(params, view.params, config)
+    logits = heads_logits(params, output, state)[:, :depth]  # [b, depth, v]
     b = logits.shape[0]
     if self.tree is None:
       tokens = sample(key, logits, sampling)  # [b, k]
-      return Draft(tokens=tokens, probs=None if sampling.greedy else probs(logits, sampling)), \
-          state, view
+      q = None if sampling.greedy else probs(logits, sampling)
+      length = None if self.exit_threshold is None else exit_length(
+          jnp.max(jax.nn.softmax(logits, -1) if q is None else q, -1), self.exit_threshold)
+      return Draft(tokens=tokens, probs=q, length=length), state, view
     cand, q = candidates(key, logits, sampling, self.tree.max_children)  # [b, depth, c]
     depths = jnp.asarray(self.tree.node_depths[1:] - 1)  # [n] head of each node
     ranks = jnp.asarray(self.tree.ranks[1:])
@@ -75,7 +82,8 @@ class Medusa(Drafter):
 
   def train_outputs(self, params, frozen, config, batch, key) -> dict:
     """Head j at position i predicts the token the cache's distribution at i + j is of."""
-    return {"logits": heads_logits(params, frozen, config, batch["hidden"][0])}  # [b, t, j, v]
+    output = functools.partial(llama.lm_head, frozen, config)
+    return {"logits": heads_logits(params, output, batch["hidden"][0])}  # [b, t, j, v]
 
 
 def init_heads(config, n_heads: int) -> dict:
@@ -84,8 +92,9 @@ def init_heads(config, n_heads: int) -> dict:
   return {"w": jnp.zeros((n_heads, d, d), jnp.float32), "b": jnp.zeros((n_heads, d), jnp.float32)}
 
 
-def heads_logits(params, target_params, config, h: jax.Array) -> jax.Array:
-  """h [..., d] final-normed features -> [..., j, v] logits of every head."""
+def heads_logits(params, output, h: jax.Array) -> jax.Array:
+  """h [..., d] final-normed features -> [..., j, v] logits of every head through `output`
+  (features -> logits: the target's output layer, or its VocabTrim rows)."""
   x = h[..., None, :]  # [..., 1, d]
   z = jnp.einsum("...d,jde->...je", h, params["w"]) + params["b"]  # [..., j, d]
-  return llama.lm_head(target_params, config, x + jax.nn.silu(z))
+  return output(x + jax.nn.silu(z))

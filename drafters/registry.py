@@ -9,11 +9,15 @@ Both return a LoadedDrafter: the drafter and its params, unpackable as a pair.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from speculax.drafters import heads_io
+from speculax.drafters import vocab_trim as vocab_trim_lib
 from speculax.drafters.base import Drafter
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.eagle import Eagle
@@ -27,6 +31,10 @@ from speculax.models.config import LlamaConfig
 KINDS: dict[str, type[Drafter]] = {cls.name: cls for cls in (
     PromptLookup, TokenRecycling, LayerSkip, DraftModel, Medusa, Hydra, Eagle)}
 TRAINED = tuple(name for name, cls in KINDS.items() if cls.trained)  # loaded from a run folder
+# Options `make` takes for every kind that has the drafter field named: VocabTrim's size and the
+# token frequency order (an array or .npy file; a trained run folder carries its own), and
+# Kangaroo's early-exit threshold.
+COMMON = {"vocab_trim": "vocab_trim", "vocab_ids": "vocab_trim", "exit_threshold": "exit_threshold"}
 
 
 class LoadedDrafter(NamedTuple):
@@ -51,6 +59,12 @@ def check_options(name: str, **given) -> None:
   """Host-side, before a model loads: every option given (None = not given) is one the kind
   takes, and every option it needs is there."""
   takes, given = options(name), {k: v for k, v in given.items() if v is not None}
+  for option, field in COMMON.items():
+    if option in given:
+      if not _has_field(get(name), field):
+        raise ValueError(f"{name} takes no {option} ({field} is for "
+                         f"{', '.join(n for n, c in KINDS.items() if _has_field(c, field))})")
+      given.pop(option)
   if "heads" in given and "heads" not in takes:
     raise ValueError(f"trained heads (--heads {given['heads']}) are for the trained drafters "
                      f"({', '.join(TRAINED)}), not {name}")
@@ -70,17 +84,25 @@ def check_options(name: str, **given) -> None:
 def make(name: str, target, config: LlamaConfig | None = None, **given) -> LoadedDrafter:
   """The drafter of kind `name` for a target, with its params. The target is a LoadedModel, or
   its params with `config`. Options set to None count as not given; see each kind's `build` for
-  what they mean."""
+  what they mean, and COMMON for the ones every kind with the matching field takes."""
   params, config = (target.params, target.config) if config is None else (target, config)
   check_options(name, **given)
-  return LoadedDrafter(*get(name).build(params, config,
-                                        **{k: v for k, v in given.items() if v is not None}))
+  given = {k: v for k, v in given.items() if v is not None}
+  common = {k: given.pop(k) for k in COMMON if k in given}
+  drafter, params = get(name).build(params, config, **given)
+  if "exit_threshold" in common:
+    drafter = dataclasses.replace(drafter, exit_threshold=common["exit_threshold"])
+  loaded = LoadedDrafter(drafter, params)
+  if "vocab_trim" in common or "vocab_ids" in common:
+    loaded = trimmed(loaded, common.get("vocab_trim", 0), common.get("vocab_ids"), config)
+  return loaded
 
 
-def load(folder: str | os.PathLike, target=None, tree=None) -> LoadedDrafter:
+def load(folder: str | os.PathLike, target=None, tree=None, vocab_trim: int = 0) -> LoadedDrafter:
   """The trained drafter saved in `folder`, whatever its kind, drafting `tree` (None: a
-  chain). With a target (a LoadedModel or its LlamaConfig) the folder must have been trained on
-  it (ValueError naming every differing field); without, the target it records is taken."""
+  chain), scoring the `vocab_trim` tokens most frequent in its training corpus (0: all). With a
+  target (a LoadedModel or its LlamaConfig) the folder must have been trained on it (ValueError
+  naming every differing field); without, the target it records is taken."""
   config = getattr(target, "config", target)
   kind = heads_io.saved_kind(folder)
   if kind not in TRAINED:
@@ -88,7 +110,33 @@ def load(folder: str | os.PathLike, target=None, tree=None) -> LoadedDrafter:
                      f"{', '.join(TRAINED)}")
   if config is None:
     config = heads_io.saved_target(folder)
-  return LoadedDrafter(*heads_io.load_head_drafter(folder, KINDS[kind], config, tree))
+  loaded = LoadedDrafter(*heads_io.load_head_drafter(folder, KINDS[kind], config, tree))
+  return trimmed(loaded, vocab_trim, None, config) if vocab_trim else loaded
+
+
+def trimmed(loaded: LoadedDrafter, vocab_trim: int, vocab_ids, config: LlamaConfig) -> LoadedDrafter:
+  """VocabTrim (drafters/vocab_trim.py): the drafter scoring only the first `vocab_trim` ids of
+  `vocab_ids` (the target's tokens by frequency: an array or an .npy file), or of the order a
+  trained run folder saved when vocab_ids is None."""
+  drafter, params = loaded
+  if not _has_field(type(drafter), "vocab_trim"):
+    raise ValueError(f"{drafter.name} has no output layer to trim (vocab_trim is for "
+                     f"{', '.join(n for n, c in KINDS.items() if _has_field(c, 'vocab_trim'))})")
+  if vocab_ids is None:
+    if not isinstance(params, dict) or vocab_trim_lib.IDS not in params:
+      raise ValueError(f"vocab_trim={vocab_trim} for {drafter.name} needs the target's token "
+                       f"frequency order (vocab_ids=, an array or .npy file from "
+                       f"drafters/vocab_trim.frequency_order); only trained run folders carry one")
+    vocab_ids = params[vocab_trim_lib.IDS]
+  elif isinstance(vocab_ids, (str, os.PathLike)):
+    vocab_ids = np.load(vocab_ids)
+  order = vocab_trim_lib.check_order(vocab_ids, config.vocab_size, vocab_trim)
+  params = {**({} if params is None else params), vocab_trim_lib.IDS: order}
+  return LoadedDrafter(dataclasses.replace(drafter, vocab_trim=vocab_trim), params)
+
+
+def _has_field(cls: type[Drafter], name: str) -> bool:
+  return dataclasses.is_dataclass(cls) and any(f.name == name for f in dataclasses.fields(cls))
 
 
 def describe() -> str:

@@ -25,23 +25,24 @@ from speculax.models.kvcache import KVCache
 
 
 def draft_tree(params, config: LlamaConfig, cache: KVCache, last: jax.Array, key: jax.Array,
-               tree: Tree, sampling: SamplingConfig, feed_leaves: bool = False):
+               tree: Tree, sampling: SamplingConfig, feed_leaves: bool = False, output=None):
   """Drafts one tree per row after `last` [b]; the cache holds every token before it.
 
   Returns tokens [b, n] int32, q [b, n, v] (None when deterministic), parents [b, n + 1] int32
   and the cache with the root and every fed level written at slots root + node (lengths back at
   the root's slot). feed_leaves also feeds the last level, so a drafter with its own cache has
-  every node's K/V whichever path the target keeps.
+  every node's K/V whichever path the target keeps. output: as in drafters/chain.draft_chain.
   """
   root = cache.lengths  # [b] the root's slot
-  logits, _, cache = llama.forward(params, config, last[:, None], root[:, None], cache)
+  logits, _, cache = llama.forward(params, config, last[:, None], root[:, None], cache,
+                                   output=output)
 
   def feed(cache, d, level, local, mask):
     positions = (root + d)[:, None] + jnp.zeros(level.shape, jnp.int32)
-    logits, _, cache = llama.forward(params, config, level, positions, cache, mask)
+    logits, _, cache = llama.forward(params, config, level, positions, cache, mask, output=output)
     return logits, cache
 
-  tokens, q, parents, cache = grow_tree(feed, cache, logits, key, tree, sampling, feed_leaves)
+  tokens, q, parents, cache, _ = grow_tree(feed, cache, logits, key, tree, sampling, feed_leaves)
   return tokens, q, parents, cache.with_lengths(root)
 
 
@@ -52,10 +53,11 @@ def grow_tree(feed, carry, logits: jax.Array, key: jax.Array, tree: Tree,
   feed(carry, d, level [b, w], local [b, w], mask [b, w, nodes so far]) -> (logits [b, w, v],
   carry) runs the drafter on depth d's nodes: local is each node's parent within depth d - 1,
   mask its ancestors among all nodes so far, the root (node 0) first. Returns tokens [b, n],
-  q [b, n, v] or None, parents [b, n + 1] and the final carry.
+  q [b, n, v] or None, parents [b, n + 1], the final carry and top [b, n], the largest
+  probability of the law each node was drawn from (q, or the softmax where deterministic).
   """
   b = logits.shape[0]
-  tokens, parents, q_rows = [], [jnp.full((b, 1), -1, jnp.int32)], []
+  tokens, parents, q_rows, tops = [], [jnp.full((b, 1), -1, jnp.int32)], [], []
   score = jnp.zeros((b, 1), jnp.float32)  # log draft probability of each node of the last level
   start, keys = 0, jax.random.split(key, len(tree.levels))
   for d, width in enumerate(tree.levels, 1):
@@ -75,12 +77,15 @@ def grow_tree(feed, carry, logits: jax.Array, key: jax.Array, tree: Tree,
     parents.append((start + local).astype(jnp.int32))
     if q is not None:
       q_rows.append(jnp.take_along_axis(q, local[..., None], 1))  # [b, w, v]
+    top = jnp.max(jax.nn.softmax(logits, -1) if q is None else q, -1)  # [b, prev]
+    tops.append(jnp.take_along_axis(top, local, 1))  # [b, w]
     start += prev
     if d < tree.depth or feed_leaves:
       mask = ancestor_mask(jnp.concatenate(parents, 1), d)[:, -width:]  # [b, w, nodes so far]
       logits, carry = feed(carry, d, level, local, mask)
   q = jnp.concatenate(q_rows, 1) if q_rows else None
-  return jnp.concatenate(tokens, 1), q, jnp.concatenate(parents, 1), carry
+  return jnp.concatenate(tokens, 1), q, jnp.concatenate(parents, 1), carry, \
+      jnp.concatenate(tops, 1)
 
 
 def _static_level(tree: StaticTree, d: int, start: int) -> tuple[np.ndarray, np.ndarray]:

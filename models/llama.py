@@ -134,10 +134,12 @@ class Embedder(nn.Module):
   def encode(self, tokens):  # [b, t] -> [b, t, d]
     return embed({"embed": self.embed}, self.config, tokens)
 
-  def decode(self, x, logits_at):
+  def decode(self, x, logits_at, output=None):
     """x [b, t, d] -> (logits [b, n, v] float32, final-normed features [b, t, d])."""
     final = rms_norm(x, self.final_norm, self.config.norm_eps)
     head = final if logits_at is None else jnp.take_along_axis(final, logits_at[..., None], 1)
+    if output is not None:
+      return output(head), final
     weights = {"embed": self.embed, **({} if self.config.tie_embeddings else
                                        {"lm_head": self.lm_head})}
     return lm_head(weights, self.config, head), final
@@ -265,7 +267,7 @@ def causal_mask(batch: int, t: int) -> jax.Array:  # [b, t, t] bool
 def forward(params: Params, config: LlamaConfig, tokens: jax.Array, positions: jax.Array,
             cache: KVCache | None = None, mask: jax.Array | None = None, *,
             hidden_layers: tuple[int, ...] = (-1,), logits_at: jax.Array | None = None,
-            layer_mask: jax.Array | None = None):
+            layer_mask: jax.Array | None = None, output=None):
   """Runs the model on a block of new tokens against a cache.
 
   tokens, positions: [b, t] int32 (positions drive RoPE). cache: KVCache or None (no prefix).
@@ -276,6 +278,8 @@ def forward(params: Params, config: LlamaConfig, tokens: jax.Array, positions: j
   logits_at: [b, n] int32 indices into t; logits only there (prefill needs just the last one).
   layer_mask: [l] bool, False = skip (the layer's input passes through): one compile scores any
   skip set (drafters/layer_skip_search.py). Stacked params and no cache only.
+  output: final-normed features [b, n, d] -> logits [b, n, v], used instead of the model's own
+  output layer (a drafter's VocabTrim, drafters/vocab_trim.py).
   Returns logits [b, n or t, v] float32, hidden [len(hidden_layers), b, t, d], and the cache
   with the block appended (lengths += t), or None when no cache was given.
   """
@@ -291,12 +295,13 @@ def forward(params: Params, config: LlamaConfig, tokens: jax.Array, positions: j
     mask = cache.attention_mask(mask)  # [b, t, s]
   collect = any(0 < (i % (config.n_layers + 1)) < config.n_layers for i in hidden_layers)
   top = Embedder(config)
-  top_params = {"params": {k: v for k, v in params.items() if k != "layers"}}
+  top_params = {"params": {k: params[k] for k in ("embed", "final_norm", "lm_head")
+                           if k in params}}
   embedded = top.apply(top_params, tokens, method=Embedder.encode)
   ctx = (*rope_tables(config, positions), lengths, mask, block_mask)
   x, new_kv, layer_out = _run_layers(config, params["layers"], embedded, cache, ctx, collect,
                                      layer_mask)
-  logits, final = top.apply(top_params, x, logits_at, method=Embedder.decode)
+  logits, final = top.apply(top_params, x, logits_at, output, method=Embedder.decode)
   hidden = _select_hidden(config, hidden_layers, embedded, layer_out, final)
   if cache is not None:
     cache = cache.replace(k=new_kv[0], v=new_kv[1], lengths=cache.lengths + t)

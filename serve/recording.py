@@ -57,8 +57,8 @@ class Recording(Drafter):
                        f"got {self.top_k}")
     self.drafter.check(target, params, k)
 
-  def prepare(self, params):
-    return self.drafter.prepare(params)
+  def prepare(self, params, target_params, target):
+    return self.drafter.prepare(params, target_params, target)
 
   def init(self, params, view: TargetView, config, max_len: int) -> RecordState:
     b, s = view.history.shape

@@ -50,6 +50,8 @@ def numbers(boundary):
 
 BOOL = (1, "yes", None)
 TREE = ("full:3,2", (0, 1), 3)  # a tree field takes a StaticTree / DynamicTree (or None)
+# VocabTrim's size and the early-exit threshold, on every drafter with an output layer.
+CHEAPER = {"vocab_trim": ints(0), "exit_threshold": ("0.5", 0.0, 1.0, NAN, -0.5)}
 DIVERGENCE_OPTIONS = ([("beta", 0.5)], (("beta", "high"),), "beta=0.5")
 
 BAD = {
@@ -61,14 +63,16 @@ BAD = {
     StaticTree: {"choices": ("0,1", ((-1,),), (), ((0,), (0, 2.5)))},
     DynamicTree: {"width": ints(1), "depth": ints(1), "children": ints(1)},
     PromptLookup: {"max_ngram": ints(1), "min_ngram": ints(1) + (4,)},  # 4 > max_ngram 3
-    LayerSkip: {"keep": ([0], (-1,), (0.5,)), "tree": TREE},
-    DraftModel: {"config": (None, "tiny", 3), "tree": TREE},
+    LayerSkip: {"keep": ([0], (-1,), (0.5,)), "tree": TREE, **CHEAPER,
+                "alternatives": ([(0,)], ((-1,),), ((0.5,),), (0, 1))},
+    DraftModel: {"config": (None, "tiny", 3), "tree": TREE, **CHEAPER},
     TokenRecycling: {"tree": (None, DynamicTree(), "template")},
-    Medusa: {"n_heads": ints(1), "tree": TREE + (DynamicTree(),)},  # Medusa: static trees only
-    Hydra: {"n_heads": ints(1), "tree": TREE, "prefix_attention": BOOL, "mlp_layers": ints(1)},
+    Medusa: {"n_heads": ints(1), "tree": TREE + (DynamicTree(),), **CHEAPER},  # static trees only
+    Hydra: {"n_heads": ints(1), "tree": TREE, "prefix_attention": BOOL, "mlp_layers": ints(1),
+            **CHEAPER},
     Eagle: {"feature_layers": ([-1], (), ("last",)), "ttt_steps": ints(1),
             "feature_weight": numbers(-0.1), "tree": TREE,
-            "stop_threshold": ("0.5", 0.0, 1.0, NAN)},
+            "stop_threshold": ("0.5", 0.0, 1.0, NAN), **CHEAPER},
     Recording: {"drafter": (None, "prompt-lookup", 3), "top_k": ints(1),
                 "all_positions": BOOL},
     OptimConfig: {"learning_rate": numbers(0.0), "warmup_steps": ints(0) + (200,),

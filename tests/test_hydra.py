@@ -85,7 +85,8 @@ def test_tree_siblings_get_their_own_children_law(tiny):
   tree, sampling = StaticTree.full((2, 3)), SamplingConfig(temperature=1.0)
   base = jax.random.normal(jax.random.key(0), (2, cfg.d_model))
   last = jnp.array([5, 9])
-  tokens, q, parents = draft_heads(random_params(Hydra(2), cfg), params, cfg, base, last,
+  tokens, q, parents, _ = draft_heads(random_params(Hydra(2), cfg), params, cfg,
+                                   lambda x: llama.lm_head(params, cfg, x), base, last,
                                    jax.random.key(0), tree, sampling)
   assert tokens.shape == (2, 8) and q.shape == (2, 8, cfg.vocab_size)
   np.testing.assert_array_equal(parents, tree.batch_parents(2))

@@ -6,6 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from speculax.decode.config import GenerateConfig, SpecConfig
+from speculax.decode.generate import generate
+from speculax.decode.speculative import speculative_generate
 from speculax.drafters import registry
 from speculax.drafters.layer_skip import LayerSkip
 from speculax.drafters.layer_skip_search import (
@@ -200,3 +203,34 @@ def test_unstacked_params_raise(model):
   cfg, params = model
   with pytest.raises(ValueError, match="stacked"):
     search_skip_set(llama.unstack_layers(params), cfg, [[1, 2]])
+
+
+def test_on_the_fly_switching_is_lossless_and_learns_which_set_pays(model, calibration):
+  """SWIFT-style: the drafter starts on the cheapest set (every estimate starts at acceptance
+  1), measures it on the served tokens, and moves to a set that pays more; output stays the
+  target's own."""
+  cfg, params = model
+  prompts = [p[:12] for p in calibration]
+  spec = SpecConfig(k=K, max_new_tokens=64)
+  want = generate(params, cfg, prompts, GenerateConfig(max_new_tokens=64)).tokens
+  # Skipping layer 1 (scale 0.05) keeps almost every draft, skipping 1 and 3 fewer.
+  drafter = LayerSkip.skipping(cfg.n_layers, (1,), alternatives=[(1, 3)])
+  out = speculative_generate(params, cfg, prompts, drafter, spec)
+  assert out.tokens == want
+  state = out.drafter_state
+  steps, acceptance = np.asarray(state.steps), np.asarray(state.acceptance())
+  assert steps.sum() == out.forwards - 1  # one set drafted each verify step
+  assert steps[0] > steps[1] > 0  # tried the cheap set first, then kept the one that pays
+  assert acceptance[0] > acceptance[1]
+
+
+def test_adapt_builds_alternatives_from_the_search(model, calibration):
+  cfg, params = model
+  drafter, _ = registry.make("layer-skip", params, cfg, calibration=calibration, k=K, adapt=2)
+  assert len(drafter.alternatives) == 2 and drafter.keep not in drafter.alternatives
+  with pytest.raises(ValueError, match="adapt takes its skip sets from the search"):
+    registry.make("layer-skip", params, cfg, skip=(1,), adapt=2)
+  with pytest.raises(ValueError, match="adapt must be >= 0"):
+    registry.make("layer-skip", params, cfg, calibration=calibration, adapt=-1)
+  with pytest.raises(ValueError, match="skips every one of the target's 6 layers"):
+    speculative_generate(params, cfg, [[1, 2]], LayerSkip((1, 2), alternatives=((),)))

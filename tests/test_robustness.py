@@ -43,8 +43,8 @@ class Faulty(Drafter):
   def check(self, target, params, k):
     self.drafter.check(target, params, k)
 
-  def prepare(self, params):
-    return self.drafter.prepare(params)
+  def prepare(self, params, target_params, target):
+    return self.drafter.prepare(params, target_params, target)
 
   def init(self, params, view, config, max_len):
     return self.drafter.init(params, view, config, max_len)

@@ -3,8 +3,9 @@
 Many copies of one prompt run as one batch (rows draw independent randoms), with a draft model
 whose distribution differs from the target's, drafting a chain, a static tree whose siblings are
 drawn without replacement, or a dynamic tree of deterministic top candidates, with Medusa or
-Hydra++ heads drafting a static tree, and with EAGLE drafting a static tree or an
-adaptive-length chain (SpecDec++ stops: fewer drafts verified, the rest rejected). The exact
+Hydra++ heads drafting a static tree, with EAGLE drafting a static tree or an
+adaptive-length chain (SpecDec++ stops: fewer drafts verified, the rest rejected), and with
+trimmed drafters (VocabTrim: q is zero outside 6 of the 12 ids) that exit early (Kangaroo). The exact
 target law comes from the target's own logits: p(x) after the prompt and p(y | x) after
 prompt + x, through the same sampling transform. Planted verifiers (one that skips the residual
 resampling, one that treats siblings drawn without replacement as i.i.d.) must fail the same
@@ -22,6 +23,7 @@ from speculax.core.sampling import SamplingConfig, probs
 from speculax.core.trees import DynamicTree, StaticTree
 from speculax.decode.config import SpecConfig
 from speculax.decode.speculative import speculative_generate
+from speculax.drafters import vocab_trim
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.eagle import Eagle
 from speculax.drafters.hydra import Hydra
@@ -68,7 +70,11 @@ DRAFTERS = {"chain": DraftModel(CFG), "static-tree": DraftModel(CFG, StaticTree.
             "medusa-tree": Medusa(3, StaticTree.full((3, 2))),
             "eagle-tree": Eagle(tree=StaticTree.full((3, 2))),
             "eagle-adaptive": Eagle(stop_threshold=0.5),
-            "hydra-tree": Hydra(2, StaticTree.full((3, 2)), prefix_attention=True)}
+            "hydra-tree": Hydra(2, StaticTree.full((3, 2)), prefix_attention=True),
+            # VocabTrim (q exactly zero outside the 6 kept ids) with Kangaroo's early exit.
+            "trimmed-exit-chain": DraftModel(CFG, vocab_trim=6, exit_threshold=0.3),
+            "eagle-trimmed-exit": Eagle(vocab_trim=6, exit_threshold=0.3)}
+ORDER = np.array([7, 2, 11, 0, 5, 9, 1, 3, 4, 6, 8, 10], np.int32)  # a token frequency order
 
 
 def _heads():
@@ -112,6 +118,8 @@ def test_first_and_second_tokens_follow_target(models, sampling, drafter):
   dparams = (_heads() if drafter.startswith("medusa") else
              _eagle(target) if drafter.startswith("eagle") else
              random_params(DRAFTERS[drafter], CFG) if drafter.startswith("hydra") else draft)
+  if DRAFTERS[drafter].vocab_trim:
+    dparams = {**dparams, vocab_trim.IDS: ORDER}
   first, second = _run(target, dparams, sampling, seed=0, drafter=DRAFTERS[drafter])
   assert _tv(first, p1) < BOUND and _tv(second, p2) < BOUND
   assert np.all(p1[first] > 0) and np.all(p2[second] > 0)  # nothing outside top-p
