@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from speculax.drafters import registry
+from speculax.drafters import heads_io, registry
 
 
 class Parser(argparse.ArgumentParser):
@@ -58,8 +58,8 @@ def build_drafter(name: str, model, load, options: dict, k: int):
     from speculax.models.assets import humaneval_prompts
     tok = model.tokenizer
     options["calibration"] = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(4)]
-  if options.get("draft") is not None:
-    other = load(options["draft"])
+  if options.get("draft") is not None and not heads_io.is_saved(options["draft"]):
+    other = load(options["draft"])  # a model; a distilled run folder loads as a drafter
     options["draft"] = (other.config, other.params)
   drafter, params = registry.make(name, model.params, model.config, **options)
   print(f"drafter: {drafter}", file=sys.stderr)

@@ -72,17 +72,21 @@ def overridden(exp, *, steps: int | None = None, out_dir: str | None = None):
 
 def run(args) -> int:
   from speculax.train.experiment import run as run_experiment
+  from speculax.train.heads import HeadsConfig
   exp = overridden(load_experiment(args.config), steps=args.steps, out_dir=args.out_dir)
   result = run_experiment(exp)
   print(f"{exp.name}: held-out acceptance (1 - TV) {result['heldout_acceptance_before']:.3f} -> "
         f"{result['heldout_acceptance_after']:.3f} after {result['steps']} micro-batches; "
         f"curves in {result['plot']}")
-  if result["heads"] is not None:
+  if result["drafter"] is not None and isinstance(exp.distill, HeadsConfig):
     before, after = result["heldout_before"], result["heldout_after"]
     for name in ("acceptance", "top1"):
       print(f"  held-out {name} by depth: {_by_depth(before, name)} -> {_by_depth(after, name)}")
     print(f"  decode with: speculax generate --drafter {exp.distill.drafter.name} --heads "
-          f"{result['heads']} -k {_depths(after)}")
+          f"{result['drafter']} -k {_depths(after)}")
+  elif result["drafter"] is not None:
+    print(f"  decode with: speculax generate --drafter draft-model --draft-model "
+          f"{result['drafter']}")
   return 0
 
 

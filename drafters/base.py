@@ -61,7 +61,7 @@ class Drafter(Checked, abc.ABC):
     `heads` that `speculax train` wrote. Train-free drafters override it."""
     if not cls.trained:
       raise NotImplementedError(f"{cls.__name__} must define build()")
-    return heads_io.load_head_drafter(heads, cls, config, tree)
+    return heads_io.load_drafter(heads, cls, config, tree)
 
   def verifier(self) -> Verifier:
     """How the loop checks this drafter's drafts."""

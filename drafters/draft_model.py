@@ -6,13 +6,16 @@ and after verification it is rolled back by length arithmetic, exactly like the 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import ClassVar
 
+import jax
 import jax.numpy as jnp
 
 from speculax.core.fields import field
 from speculax.core.trees import Tree
 from speculax.core.types import Draft, TargetView, Verified
+from speculax.drafters import heads_io
 from speculax.drafters.base import Drafter
 from speculax.drafters.chain import draft_chain
 from speculax.drafters.tree_draft import draft_tree
@@ -35,8 +38,11 @@ class DraftModel(Drafter):
   @classmethod
   def build(cls, params, config, *, draft=None, draft_layers: int = 4,
             tree: Tree | None = None):
-    """`draft` = (config, params) of a model sharing the vocabulary, or else the target's first
-    `draft_layers` layers (an untrained cut)."""
+    """`draft` = (config, params) of a model sharing the vocabulary, or the run folder of one
+    distilled by `speculax train`, or else the target's first `draft_layers` layers (an
+    untrained cut)."""
+    if isinstance(draft, (str, os.PathLike)):
+      return heads_io.load_drafter(draft, cls, config, tree)
     if draft is None:
       draft = truncated(params, config, range(draft_layers))
     draft_config, draft_params = draft
@@ -49,6 +55,10 @@ class DraftModel(Drafter):
                        f"target's {target.vocab_size}; they must share one vocabulary")
     if params is None:
       raise ValueError("a DraftModel drafter needs its params (drafter_params=...)")
+
+  def init_params(self, config, key=None) -> dict:
+    """Random params of the draft model (the shapes a saved run restores into)."""
+    return llama.init_params(self.config, jax.random.key(0) if key is None else key)
 
   def output_layer(self, params, target_params, target):
     return params, self.config  # its own

@@ -1,4 +1,5 @@
-"""Trained head drafters on disk: what `speculax train` writes, what `--heads` loads.
+"""Trained drafters on disk: what `speculax train` writes, what `--heads` (head drafters) and
+`--draft-model` (a distilled draft model) load.
 
   <folder>/drafter.json    the drafter's kind (its registry name) and constructor fields (not
                            its tree: a decode-time choice), the target it was trained on (preset
@@ -24,7 +25,7 @@ import numpy as np
 from speculax.core.jsonfile import read_json_object, write_json_atomic
 from speculax.drafters import vocab_trim
 from speculax.models.checkpoints import Checkpointer
-from speculax.models.config import LlamaConfig, RopeScaling
+from speculax.models.config import LlamaConfig
 
 FORMAT = "speculax-head-drafter-v1"
 SPEC, PARAMS, ORDER = "drafter.json", "drafter_params", "vocab_ids.npy"
@@ -33,7 +34,7 @@ SPEC, PARAMS, ORDER = "drafter.json", "drafter_params", "vocab_ids.npy"
 DECODE_FIELDS = ("tree", "vocab_trim", "exit_threshold")
 
 
-def save_head_drafter(folder: str | os.PathLike, drafter, params, target: str,
+def save_drafter(folder: str | os.PathLike, drafter, params, target: str,
                       target_config: LlamaConfig, step: int,
                       vocab_ids: np.ndarray | None = None) -> pathlib.Path:
   """Writes the params (unless that step is already there), the frequency order `vocab_ids`
@@ -59,13 +60,15 @@ def saved_kind(folder: str | os.PathLike, expected: str | None = None) -> str:
 
 def saved_target(folder: str | os.PathLike) -> LlamaConfig:
   """The architecture of the target the drafter in `folder` was trained on."""
-  arch = dict(_read_spec(pathlib.Path(folder), None)["target"]["config"])
-  if arch.get("rope_scaling") is not None:
-    arch["rope_scaling"] = RopeScaling(**arch["rope_scaling"])
-  return LlamaConfig(**arch)
+  return LlamaConfig.from_architecture(_read_spec(pathlib.Path(folder), None)["target"]["config"])
 
 
-def load_head_drafter(folder: str | os.PathLike, cls: type, target_config: LlamaConfig,
+def is_saved(folder: str | os.PathLike) -> bool:
+  """Whether `folder` holds a saved drafter (a run folder, not a model)."""
+  return (pathlib.Path(folder) / SPEC).is_file()
+
+
+def load_drafter(folder: str | os.PathLike, cls: type, target_config: LlamaConfig,
                       tree=None) -> tuple[Any, Any]:
   """(drafter, params) of the `cls` drafter saved in `folder`, drafting `tree` (None: a chain).
 
@@ -77,7 +80,10 @@ def load_head_drafter(folder: str | os.PathLike, cls: type, target_config: Llama
   if spec["kind"] != cls.name:
     raise ValueError(f"{folder} holds a {spec['kind']} drafter, not {cls.name}")
   _check_target(folder, spec["target"], target_config)
-  drafter = cls(**_as_tuples(spec["fields"]), tree=tree)
+  fields = {k: dataclasses.replace(v, runtime=target_config.runtime)  # a draft model runs as
+            if isinstance(v, LlamaConfig) else v  # the target does
+            for k, v in _as_tuples(spec["fields"]).items()}
+  drafter = cls(**fields, tree=tree)
   like = jax.eval_shape(lambda key: drafter.init_params(target_config, key), jax.random.key(0))
   with Checkpointer(folder / PARAMS, every=1, keep=1, async_save=False) as ck:
     params = ck.restore(spec["step"], like=like)
@@ -94,23 +100,33 @@ def _json(value):
 
 
 def _fields(drafter) -> dict:
-  """Constructor fields but the decode-time ones; each must survive a JSON round trip (tuples
-  as lists)."""
-  fields = {f.name: getattr(drafter, f.name) for f in dataclasses.fields(drafter)
-            if f.name not in DECODE_FIELDS}
-  for name, value in fields.items():
+  """Constructor fields but the decode-time ones, as JSON; each must survive a JSON round trip
+  (tuples as lists; a model config as {"llama": its architecture}, the runtime left to the
+  target)."""
+  saved = {}
+  for f in dataclasses.fields(drafter):
+    if f.name in DECODE_FIELDS:
+      continue
+    value = getattr(drafter, f.name)
+    config = isinstance(value, LlamaConfig)
+    saved[f.name] = {"llama": value.architecture()} if config else value
     try:
-      back = _as_tuples(_json(value))
-    except TypeError:  # not JSON at all (an array, a config object, ...)
+      back = _as_tuples(_json(saved[f.name]))
+    except TypeError:  # not JSON at all (an array, another config object, ...)
       back = None
-    if back != value:
-      raise ValueError(f"{drafter.name} field {name}={value!r} cannot be saved in {SPEC}, "
-                       "which holds numbers, strings, bools, None and tuples of them")
-  return fields
+    if (back.architecture() == value.architecture()) if config else back == value:
+      continue
+    raise ValueError(f"{drafter.name} field {f.name}={value!r} cannot be saved in {SPEC}, "
+                     "which holds numbers, strings, bools, None, tuples of them and model "
+                     "configs")
+  return saved
 
 
 def _as_tuples(value):
-  """JSON lists back to tuples (drafters are hashable static arguments)."""
+  """JSON lists back to tuples (drafters are hashable static arguments), model configs back to
+  LlamaConfig."""
+  if isinstance(value, dict) and set(value) == {"llama"}:
+    return LlamaConfig.from_architecture(value["llama"])
   if isinstance(value, dict):
     return {k: _as_tuples(v) for k, v in value.items()}
   if isinstance(value, list):

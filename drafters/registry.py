@@ -31,7 +31,7 @@ from speculax.models.config import LlamaConfig
 KINDS: dict[str, type[Drafter]] = {cls.name: cls for cls in (
     PromptLookup, TokenRecycling, LayerSkip, DraftModel, Medusa, Hydra, Eagle)}
 TRAINED = tuple(name for name, cls in KINDS.items() if cls.trained)  # loaded from a run folder
-# Options `make` takes for every kind that has the drafter field named: VocabTrim's size and the
+SAVED = (*TRAINED, DraftModel.name)  # kinds `speculax train` saves as run folders# Options `make` takes for every kind that has the drafter field named: VocabTrim's size and the
 # token frequency order (an array or .npy file; a trained run folder carries its own), and
 # Kangaroo's early-exit threshold.
 COMMON = {"vocab_trim": "vocab_trim", "vocab_ids": "vocab_trim", "exit_threshold": "exit_threshold"}
@@ -105,12 +105,12 @@ def load(folder: str | os.PathLike, target=None, tree=None, vocab_trim: int = 0)
   naming every differing field); without, the target it records is taken."""
   config = getattr(target, "config", target)
   kind = heads_io.saved_kind(folder)
-  if kind not in TRAINED:
+  if kind not in SAVED:
     raise ValueError(f"{folder} holds a drafter of unknown kind {kind!r}; known trained kinds: "
-                     f"{', '.join(TRAINED)}")
+                     f"{', '.join(SAVED)}")
   if config is None:
     config = heads_io.saved_target(folder)
-  loaded = LoadedDrafter(*heads_io.load_head_drafter(folder, KINDS[kind], config, tree))
+  loaded = LoadedDrafter(*heads_io.load_drafter(folder, KINDS[kind], config, tree))
   return trimmed(loaded, vocab_trim, None, config) if vocab_trim else loaded
 
 

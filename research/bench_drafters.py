@@ -80,7 +80,7 @@ def _train(model, args) -> dict:
     seconds = spent["seconds"]
     print(f"trained {name}: held-out acceptance {result['heldout_acceptance_before']:.3f} -> "
           f"{result['heldout_acceptance_after']:.3f} in {seconds:.0f} s", flush=True)
-    out[name] = (result["heads"], seconds, result["steps"], result["heldout_after"])
+    out[name] = (result["drafter"], seconds, result["steps"], result["heldout_after"])
   return out
 
 

@@ -2,9 +2,11 @@
 and SWIFT-style switching among skip sets on the fly, on SmolLM2-135M, batch 1.
 
 The skip-set search (drafters/layer_skip_search.py) runs on the first 4 HumanEval prompts; its
-trace gives fixed sets that skip 1 to 18 layers. VocabTrim's order is the target's tokens by
+chosen set and `--adapt` more from its trace (spread up to 18 of 30 layers skipped) are the
+fixed rows and the switching drafter's sets. VocabTrim's order is the target's tokens by
 frequency in its own greedy answers to instructions built from standard-library functions
-(never HumanEval; written to results/drafters/smollm2-135m-vocab-order.npy). Decoded: HumanEval
+(never HumanEval) and in standard-library code (written to
+results/drafters/smollm2-135m-vocab-order.npy). Decoded: HumanEval
 prompts after the calibration ones, one at a time, N new tokens (EOS off), greedy; compile time
 apart. Writes results/bench_self_speculation.json.
 
@@ -32,33 +34,42 @@ RESULTS = pathlib.Path("results/bench_self_speculation.json")
 ORDER = pathlib.Path("results/drafters/smollm2-135m-vocab-order.npy")
 
 
-def token_order(model, n_prompts: int, new_tokens: int) -> np.ndarray:
-  """The target's tokens by frequency in its own greedy answers to stdlib instructions."""
+def token_order(model, n_prompts: int, new_tokens: int, code_files: int) -> np.ndarray:
+  """The target's tokens by frequency in its own greedy answers to stdlib instructions and in
+  standard-library code (the training split's first files): the corpus a drafter trains on."""
   tok = model.tokenizer
   ids = [tok.encode(tok.chat_prompt(p)) for p in data.prompt_sets(limit=n_prompts).train]
   answers = data.generate_batched(model.params, model.config, ids, max_new_tokens=new_tokens,
                                   batch_size=8, eos_ids=tok.eos_ids)
-  print(f"vocab order from {sum(map(len, answers))} generated tokens", flush=True)
-  return vocab_trim.frequency_order(answers, model.config.vocab_size)
+  files = data.split_files(data.stdlib_files(), 0.1)[0][:code_files]
+  code = [tok.encode(text) for text in data.read_texts(files)]
+  print(f"vocab order from {sum(map(len, answers))} generated and {sum(map(len, code))} code "
+        f"tokens", flush=True)
+  return vocab_trim.frequency_order(answers + code, model.config.vocab_size)
 
 
 def _methods(model, calibration, order, args):
+  """name -> (drafter, params): every searched set plain, then the first (least skipping) with
+  each trim size and exit threshold, and the on-the-fly switching among all of them."""
   cfg, params = model.config, model.params
   searched, _ = registry.make("layer-skip", params, cfg, calibration=calibration, k=args.k,
                               adapt=args.adapt)
-  trace_sets = {len(set(range(cfg.n_layers)) - set(keep)): keep
-                for keep in searched.keep_sets}
+  skipped = lambda keep: cfg.n_layers - len(keep)
   ids = {vocab_trim.IDS: order}
   methods = {"autoregressive": (None, None)}
-  for skipped, keep in sorted(trace_sets.items()):
-    base = LayerSkip(keep)
-    methods[f"skip {skipped}"] = (base, None)
-    methods[f"skip {skipped} + exit {args.exit}"] = (
-        dataclasses.replace(base, exit_threshold=args.exit), None)
-    methods[f"skip {skipped} + exit + trim {args.trim}"] = (
-        dataclasses.replace(base, exit_threshold=args.exit, vocab_trim=args.trim), ids)
-  swift = dataclasses.replace(searched, exit_threshold=args.exit, vocab_trim=args.trim)
-  methods[f"SWIFT {len(searched.keep_sets)} sets + exit + trim"] = (swift, ids)
+  for keep in sorted(searched.keep_sets, key=skipped):
+    methods[f"skip {skipped(keep)}"] = (LayerSkip(keep), None)
+  best = LayerSkip(searched.keep)
+  for n in args.trims:
+    methods[f"skip {skipped(best.keep)} + trim {n}"] = (
+        dataclasses.replace(best, vocab_trim=n), ids)
+  for p in args.exits:
+    methods[f"skip {skipped(best.keep)} + exit {p}"] = (
+        dataclasses.replace(best, exit_threshold=p), None)
+  sets = len(searched.keep_sets)
+  methods[f"switching among {sets} sets"] = (searched, None)
+  methods[f"switching among {sets} sets + trim {max(args.trims)}"] = (
+      dataclasses.replace(searched, vocab_trim=max(args.trims)), ids)
   return methods
 
 
@@ -68,17 +79,20 @@ def main():
   ap.add_argument("--prompts", type=int, default=4, help="HumanEval prompts after the first 4")
   ap.add_argument("--new-tokens", type=int, default=64)
   ap.add_argument("-k", type=int, default=5)
-  ap.add_argument("--exit", type=float, default=0.5, help="early-exit threshold")
-  ap.add_argument("--trim", type=int, default=8192, help="VocabTrim size")
-  ap.add_argument("--adapt", type=int, default=3, help="extra skip sets (SWIFT and fixed rows)")
+  ap.add_argument("--exits", type=lambda t: [float(x) for x in t.split(",")], default=[0.2, 0.5],
+                  help="early-exit thresholds")
+  ap.add_argument("--trims", type=lambda t: [int(x) for x in t.split(",")],
+                  default=[4096, 8192, 16384], help="VocabTrim sizes")
+  ap.add_argument("--adapt", type=int, default=3, help="extra skip sets (switching, fixed rows)")
   ap.add_argument("--order-prompts", type=int, default=64, help="instructions for the order")
+  ap.add_argument("--order-files", type=int, default=300, help="stdlib files for the order")
   args = ap.parse_args()
   t0 = time.perf_counter()
   model = load("smollm2-135m")
   tok = model.tokenizer
   encode = lambda texts: [tok.encode(tok.chat_prompt(p)) for p in texts]
   prompts = encode(humaneval_prompts(4 + args.prompts)[4:])
-  order = token_order(model, args.order_prompts, 64)
+  order = token_order(model, args.order_prompts, 64, args.order_files)
   ORDER.parent.mkdir(parents=True, exist_ok=True)
   np.save(ORDER, order)
   methods = _methods(model, encode(humaneval_prompts(4)), order, args)

@@ -120,9 +120,9 @@ def train_drafter(model: LoadedModel, drafter: Drafter | str, corpus: Sequence[s
       distill=distill, out_dir=out_dir, checkpoint_every=max(steps // 4, 1),
       log_every=max(steps // 20, 1), eval_every=max(steps // 4, 1))
   result = experiment.run(exp, model=model, rows=(train, held))
-  if result["heads"] is not None:
-    return registry.load(result["heads"], model)
-  return LoadedDrafter(DraftModel(result["draft_config"]), result["state"].params)
+  if result["drafter"] is not None:
+    return registry.load(result["drafter"], model)
+  return LoadedDrafter(DraftModel(result["draft_config"]), result["state"].params)  # unfinished
 
 
 def _token_ids(model: LoadedModel, prompts: Prompts, chat: bool) -> list[list[int]]:

@@ -9,12 +9,13 @@ import pytest
 from speculax.core.trees import StaticTree
 from speculax.decode.config import SpecConfig
 from speculax.decode.speculative import speculative_generate
-from speculax.drafters import heads_io, registry
+from speculax.drafters import heads_io, registry, vocab_trim
+from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.medusa import Medusa
 from speculax.models.config import get_preset
 from speculax.models.load import LoadedModel
 from speculax.train.distill import DistillConfig
-from speculax.train.experiment import DataConfig, DistillExperiment, run
+from speculax.train.experiment import DataConfig, DistillExperiment, run, token_rows
 from speculax.train.heads import HeadsConfig
 from speculax.train.metrics_log import MetricsLog
 from speculax.train.optim import OptimConfig
@@ -54,7 +55,7 @@ def trained(model, tmp_path_factory):
 
 def test_heads_run_evaluates_every_depth_and_resumes_exactly(model, trained, tmp_path):
   exp, straight = trained
-  assert straight["steps"] == 6 and straight["heads"] == str(exp.folder)
+  assert straight["steps"] == 6 and straight["drafter"] == str(exp.folder)
   assert (exp.folder / "teacher_train_h-1").is_dir()  # a cache with the target's features
   logged = MetricsLog(exp.folder / "metrics.csv").read()[-1]
   for j in (1, 2, 3):
@@ -66,7 +67,7 @@ def test_heads_run_evaluates_every_depth_and_resumes_exactly(model, trained, tmp
   assert (exp.folder / "curves.png").stat().st_size > 0
   interrupted = _exp(tmp_path, "medusa", HEADS)
   stopped = run(interrupted, model=model, until=3)
-  assert stopped["steps"] == 3 and stopped["heads"] is None  # no drafter before the last step
+  assert stopped["steps"] == 3 and stopped["drafter"] is None  # none before the last step
   assert not (interrupted.folder / heads_io.SPEC).exists()
   resumed = run(interrupted, model=model)
   assert resumed["steps"] == 6
@@ -83,18 +84,35 @@ def test_saved_heads_load_and_decode_like_the_target(tiny, tiny_reference, train
   tree = StaticTree.full((2, 2, 1))
   drafter, heads = registry.make("medusa", params, cfg, heads=exp.folder, tree=tree)
   assert drafter == Medusa(3, tree)
+  order = heads.pop(vocab_trim.IDS)  # the target's tokens by frequency on the training rows
+  assert order[0] == np.bincount(np.ravel(token_rows(exp.data, ByteTokenizer())[0])).argmax()
   jax.tree.map(np.testing.assert_array_equal, heads, result["state"].params)
   out = speculative_generate(params, cfg, PROMPTS[:4], drafter,
                              SpecConfig(k=3, max_new_tokens=NEW), drafter_params=heads)
   assert out.tokens == tiny_reference[:4]
 
 
-def test_distill_runs_on_the_same_runner(model, tmp_path):
+def test_distill_runs_on_the_same_runner_and_saves_a_loadable_draft_model(
+    model, tiny, tiny_reference, tmp_path):
+  cfg, params = tiny
   exp = _exp(tmp_path, "distill", DistillConfig(batch_size=4, optim=OPTIM))
   result = run(exp, model=model)
-  assert result["steps"] == 6 and result["heads"] is None
-  assert (exp.folder / "teacher_train").is_dir() and not (exp.folder / heads_io.SPEC).exists()
+  assert result["steps"] == 6 and result["drafter"] == str(exp.folder)
+  assert (exp.folder / "teacher_train").is_dir()
   assert "heldout/acceptance" in MetricsLog(exp.folder / "metrics.csv").read()[-1]
+  spec = json.loads((exp.folder / heads_io.SPEC).read_text())
+  assert spec["kind"] == "draft-model" and spec["fields"]["config"]["llama"]["n_layers"] == 1
+  # The run folder is a drafter: by registry.load, and as draft-model's `draft` option (the
+  # CLI's --draft-model FOLDER), trimmed by the order it saved.
+  drafter, dparams = registry.load(exp.folder, cfg, vocab_trim=64)
+  assert drafter == DraftModel(result["draft_config"], vocab_trim=64)
+  jax.tree.map(np.testing.assert_array_equal,
+               {k: v for k, v in dparams.items() if k != vocab_trim.IDS}, result["state"].params)
+  again = registry.make("draft-model", params, cfg, draft=str(exp.folder))
+  assert again.drafter == DraftModel(result["draft_config"])
+  out = speculative_generate(params, cfg, PROMPTS[:4], drafter,
+                             SpecConfig(k=3, max_new_tokens=NEW), drafter_params=dparams)
+  assert out.tokens == tiny_reference[:4]
 
 
 def test_heads_of_another_target_or_kind_are_refused(tiny, trained, tmp_path):

@@ -156,7 +156,7 @@ def test_trimmed_sampled_q_is_zero_outside_the_kept_set(tiny, order):
 def test_saved_order_round_trips_and_trims_on_load(tiny, order, tmp_path):
   cfg, _ = tiny
   heads = random_params(Medusa(3), cfg)
-  heads_io.save_head_drafter(tmp_path, Medusa(3), heads, "tiny", cfg, 5, vocab_ids=order)
+  heads_io.save_drafter(tmp_path, Medusa(3), heads, "tiny", cfg, 5, vocab_ids=order)
   drafter, loaded = registry.load(tmp_path, cfg, vocab_trim=N)
   assert drafter.vocab_trim == N
   np.testing.assert_array_equal(loaded[vocab_trim.IDS], order)

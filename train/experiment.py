@@ -2,9 +2,10 @@
 
 One runner for both trainers, chosen by the experiment's `distill` config:
   DistillConfig  a draft model cut from the target's `draft_layers`, distilled from the target
-  HeadsConfig    a head drafter (Medusa, ...) on the frozen target's cached features; the run
-                 also writes drafter.json + drafter_params (drafters/heads_io.py), which
-                 `speculax generate --drafter <kind> --heads <folder>` loads
+  HeadsConfig    a head drafter (Medusa, ...) on the frozen target's cached features
+A finished run also writes drafter.json + drafter_params + vocab_ids.npy (drafters/heads_io.py),
+which `speculax generate --drafter <kind> --heads <folder>` (or `--drafter draft-model
+--draft-model <folder>`) and `speculax.drafters.load(folder)` load.
 
 An experiment is a frozen dataclass in a Python file under configs/ (`EXPERIMENT = ...`), run
 with `speculax train --config configs/<experiment>.py`. Everything it writes goes to
@@ -20,7 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculax.core.fields import Checked, field
-from speculax.drafters.heads_io import save_head_drafter
+from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.heads_io import save_drafter
+from speculax.drafters.vocab_trim import frequency_order
 from speculax.models.checkpoints import Checkpointer
 from speculax.models.config import LlamaConfig
 from speculax.models.derive import truncated
@@ -157,12 +160,13 @@ def run(exp: DistillExperiment, *, until: int | None = None,
                 evaluate=lambda st: {f"heldout/{k}": v for k, v in evaluate(st).items()},
                 eval_every=exp.eval_every, log_every=exp.log_every, mesh=exp.mesh, until=until)
   after = evaluate(state)
-  saved = heads and int(state.step) >= exp.distill.steps  # a finished run's heads only
+  saved = int(state.step) >= exp.distill.steps  # a finished run's drafter only
   if saved:
-    save_head_drafter(folder, exp.distill.drafter, state.params, exp.target, model.config,
-                      int(state.step))
+    drafter = exp.distill.drafter if heads else DraftModel(s.config)
+    save_drafter(folder, drafter, state.params, exp.target, model.config, int(state.step),
+                 vocab_ids=frequency_order(train_tokens, model.config.vocab_size))
   return {"heldout_acceptance_before": before["acceptance"],
           "heldout_acceptance_after": after["acceptance"],
           "heldout_before": before, "heldout_after": after,
           "steps": int(state.step), "plot": str(log.plot(folder / "curves.png")),
-          "state": state, "draft_config": s.config, "heads": str(folder) if saved else None}
+          "state": state, "draft_config": s.config, "drafter": str(folder) if saved else None}
