@@ -31,7 +31,8 @@ from speculax.models.config import LlamaConfig
 KINDS: dict[str, type[Drafter]] = {cls.name: cls for cls in (
     PromptLookup, TokenRecycling, LayerSkip, DraftModel, Medusa, Hydra, Eagle)}
 TRAINED = tuple(name for name, cls in KINDS.items() if cls.trained)  # loaded from a run folder
-SAVED = (*TRAINED, DraftModel.name)  # kinds `speculax train` saves as run folders# Options `make` takes for every kind that has the drafter field named: VocabTrim's size and the
+SAVED = (*TRAINED, DraftModel.name)  # kinds `speculax train` saves as run folders
+# Options `make` takes for every kind that has the drafter field named: VocabTrim's size and the
 # token frequency order (an array or .npy file; a trained run folder carries its own), and
 # Kangaroo's early-exit threshold.
 COMMON = {"vocab_trim": "vocab_trim", "vocab_ids": "vocab_trim", "exit_threshold": "exit_threshold"}
@@ -114,7 +115,8 @@ def load(folder: str | os.PathLike, target=None, tree=None, vocab_trim: int = 0)
   return trimmed(loaded, vocab_trim, None, config) if vocab_trim else loaded
 
 
-def trimmed(loaded: LoadedDrafter, vocab_trim: int, vocab_ids, config: LlamaConfig) -> LoadedDrafter:
+def trimmed(loaded: LoadedDrafter, vocab_trim: int, vocab_ids,
+            config: LlamaConfig) -> LoadedDrafter:
   """VocabTrim (drafters/vocab_trim.py): the drafter scoring only the first `vocab_trim` ids of
   `vocab_ids` (the target's tokens by frequency: an array or an .npy file), or of the order a
   trained run folder saved when vocab_ids is None."""

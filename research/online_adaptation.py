@@ -41,15 +41,12 @@ from speculax.train.data import function_prompts, split_files, stdlib_files
 from speculax.train.distill import DistillConfig
 from speculax.train.experiment import DataConfig, DistillExperiment, run
 from speculax.train.optim import OptimConfig
+from speculax.train.prompts import CHAT_ASKS, CHAT_SUBJECTS
 
 RESULTS = pathlib.Path("results/online_adaptation.json")
 STREAM = pathlib.Path("results/online_stream.jsonl")
-TOPICS = ["making fresh pasta", "baking sourdough bread", "a week in Lisbon", "packing for a long "
-          "flight", "growing tomatoes on a balcony", "pruning roses", "a budget trip to Japan",
-          "cooking rice without a rice cooker", "keeping basil alive indoors", "a weekend in Rome",
-          "making a vegetable soup", "composting kitchen scraps"]
-ASKS = ["Give me three tips for {}.", "What should a beginner know about {}?",
-        "Write a short plan for {}.", "What are common mistakes in {}?"]
+# The stream's everyday questions: the first subjects and asks of the self-distillation chat set.
+TOPICS, ASKS = CHAT_SUBJECTS[:12], CHAT_ASKS[:4]
 
 
 def build_stream(n: int) -> list[dict]:

@@ -83,7 +83,7 @@ def split_files(files: Sequence[str | pathlib.Path], heldout_fraction: float, se
     raise ValueError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
   train, heldout = [], []
   for f in map(pathlib.Path, files):
-    (heldout if _unit_hash(seed, _relative(f, root)) < heldout_fraction else train).append(f)
+    (heldout if unit_hash(seed, _relative(f, root)) < heldout_fraction else train).append(f)
   return train, heldout
 
 
@@ -97,7 +97,7 @@ def _relative(path: pathlib.Path, root: str | pathlib.Path | None = None) -> str
   return path.relative_to(std).as_posix() if path.is_relative_to(std) else path.resolve().as_posix()
 
 
-def _unit_hash(seed: int, key: str) -> float:
+def unit_hash(seed: int, key: str) -> float:
   """A number in [0, 1) fixed by (seed, key)."""
   digest = hashlib.sha256(f"{seed}\0{key}".encode()).digest()
   return int.from_bytes(digest[:8], "little") / 2.0 ** 64
@@ -256,7 +256,7 @@ def function_prompts(files: Sequence[str | pathlib.Path], *, max_chars: int = 15
   signature and docstring summary, continue its first half. Files are visited in an order fixed
   by `seed`; files that do not parse are skipped.
   """
-  order = sorted(files, key=lambda f: _unit_hash(seed, _relative(pathlib.Path(f))))
+  order = sorted(files, key=lambda f: unit_hash(seed, _relative(pathlib.Path(f))))
   count = 0
   for f in order:
     tree = _parse(pathlib.Path(f))

@@ -1,0 +1,41 @@
+"""Self-distillation prompts: three sources, split by subject, never sharing one across splits
+and never overlapping HumanEval."""
+import pytest
+
+from speculax.models import assets
+from speculax.train import data, prompts
+
+
+@pytest.mark.parametrize("source", [prompts.chat_prompts, prompts.topic_prompts])
+def test_splits_share_no_subject_and_are_fixed(source):
+  train, held = source("train"), source("heldout")
+  assert train and held and not set(train) & set(held)
+  assert source("train") == train  # a fixed hash, no randomness
+  assert source("train", seed=1) != train  # another seed splits other subjects
+
+
+def test_chat_subjects_go_whole_to_one_split():
+  train = " ".join(prompts.chat_prompts("train"))
+  held = " ".join(prompts.chat_prompts("heldout"))
+  for subject in prompts.CHAT_SUBJECTS:
+    assert (subject in train) != (subject in held), subject
+  assert len(prompts.chat_prompts("train")) + len(prompts.chat_prompts("heldout")) == \
+      len(prompts.CHAT_SUBJECTS) * len(prompts.CHAT_ASKS)
+
+
+def test_topic_prompts_ask_about_this_interpreters_documentation():
+  from pydoc_data.topics import topics
+  every = prompts.topic_prompts("train") + prompts.topic_prompts("heldout")
+  assert any(p.endswith('The "assert" statement.') for p in every)
+  assert len(every) > 3 * len(topics)  # titles and paragraphs
+  assert all(len(p) < 1400 for p in every)
+
+
+def test_mixture_interleaves_the_sources_and_never_meets_humaneval():
+  mix = prompts.mixture("train", per_source=5)
+  assert len(mix) == 15
+  assert mix[1] in prompts.topic_prompts("train")
+  assert mix[2] in prompts.chat_prompts("train")
+  data.check_no_overlap(mix, assets.humaneval_prompts())
+  held = prompts.mixture("heldout", per_source=5)
+  assert not set(mix) & set(held)

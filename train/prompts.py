@@ -1,0 +1,87 @@
+"""Prompts for self-distillation that never meet the evaluation prompts.
+
+Three sources, all offline: instructions about standard-library functions (data.function_prompts:
+explain / write / continue), questions about the Python documentation topics shipped with the
+interpreter (pydoc_data: the language reference's statements, operators and types), and everyday
+chat questions from templates. Each source splits by subject (a function's file, a topic or a
+documentation paragraph, a chat subject) with a fixed hash, so no prompt and no subject is in both
+splits:
+the "train" split feeds self-distillation, "heldout" the evaluation suites. HumanEval is never
+a training prompt (data.prompt_sets screens the stdlib instructions against it).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Literal
+
+from speculax.train import data
+
+Split = Literal["train", "heldout"]
+HELDOUT_FRACTION = 0.2
+
+CHAT_SUBJECTS = (
+    "making fresh pasta", "baking sourdough bread", "a week in Lisbon", "packing for a long flight",
+    "growing tomatoes on a balcony", "pruning roses", "a budget trip to Japan",
+    "cooking rice without a rice cooker", "keeping basil alive indoors", "a weekend in Rome",
+    "making a vegetable soup", "composting kitchen scraps", "learning to swim as an adult",
+    "training for a first 10k run", "writing a cover letter", "saving money on groceries",
+    "choosing a first guitar", "keeping a houseplant alive", "planning a birthday party",
+    "studying for an exam", "starting a vegetable garden", "camping in the rain",
+    "brewing good coffee at home", "learning a new language", "painting a small room",
+    "teaching a dog to sit", "making friends in a new city", "reading more books",
+    "fixing a flat bicycle tire", "sleeping better", "baking chocolate chip cookies",
+    "organizing a small kitchen", "taking better phone photos", "a road trip along a coast",
+    "hosting a dinner for six", "starting to journal", "cleaning a cast iron pan",
+    "visiting a museum with children", "making pancakes", "preparing for a job interview")
+CHAT_ASKS = ("Give me three tips for {}.", "What should a beginner know about {}?",
+             "Write a short plan for {}.", "What are common mistakes in {}?",
+             "Explain {} to a ten-year-old.", "Write a short story about {}.")
+TOPIC_ASKS = ("Explain this part of Python with a short example: {}.",
+              "What does a Python programmer need to know about this: {}?",
+              "Explain this passage from the Python documentation in simple words:\n\n{}")
+
+
+def split_of(subject: str, seed: int = 0) -> Split:
+  """The split a subject belongs to, fixed by a hash (HELDOUT_FRACTION of subjects held out)."""
+  return "heldout" if data.unit_hash(seed, subject) < HELDOUT_FRACTION else "train"
+
+
+def chat_prompts(split: Split = "train", seed: int = 0) -> list[str]:
+  """Everyday questions: every ask of every subject in the split."""
+  return [ask.format(s) for s in CHAT_SUBJECTS if split_of(s, seed) == split for ask in CHAT_ASKS]
+
+
+def topic_prompts(split: Split = "train", seed: int = 0, max_chars: int = 1200) -> list[str]:
+  """Questions about the documentation topics of this interpreter (pydoc_data): two about each
+  distinct topic title, one per distinct paragraph of 200 to max_chars characters (each split
+  by its own text: topics share titles and paragraphs)."""
+  from pydoc_data.topics import topics
+  titles, paragraphs = {}, {}  # insertion-ordered sets (topics share titles and paragraphs)
+  for text in (text for _, text in sorted(topics.items())):
+    title = text.strip().splitlines()[0].strip()
+    if split_of(title, seed) == split:
+      titles.setdefault(title, None)
+    for para in (p.strip() for p in text.split("\n\n")):
+      if 200 <= len(para) <= max_chars and split_of(para, seed) == split:
+        paragraphs.setdefault(para, None)
+  return ([ask.format(t) for t in titles for ask in TOPIC_ASKS[:2]]
+          + [TOPIC_ASKS[2].format(p) for p in paragraphs])
+
+
+def function_instructions(split: Split = "train", limit: int | None = None,
+                          seed: int = 0) -> list[str]:
+  """Instructions about stdlib functions from the split's files (training files: screened against
+  HumanEval by data.prompt_sets)."""
+  train_files, held_files = data.split_files(data.stdlib_files(), HELDOUT_FRACTION, seed=seed)
+  if split == "train":
+    return data.prompt_sets(train_files, limit=limit, seed=seed).train
+  return [p for _, p in itertools.islice(data.function_prompts(held_files, seed=seed), limit)]
+
+
+def mixture(split: Split = "train", per_source: int | None = None, seed: int = 0) -> list[str]:
+  """The three sources interleaved (function, topic, chat, function, ...), each cut to
+  per_source prompts (None: all); a source that runs out drops out of the rotation."""
+  sources = [function_instructions(split, per_source, seed), topic_prompts(split, seed)[:per_source],
+             chat_prompts(split, seed)[:per_source]]
+  return [p for group in itertools.zip_longest(*sources) for p in group if p is not None]
+
