@@ -5,7 +5,8 @@ target's K/V for the verified prefix (an approximation that only costs acceptanc
 correctness), and write their draft K/V into the slots the verify forward overwrites next.
 
 On the fly (SWIFT-style): with `alternatives`, the drafter holds several keep sets and picks,
-at every step, the one with the highest estimated speedup (layer_skip_search.estimated_speedup)
+at every step, the one with the highest estimated speedup, tau(a, k) / (verify_cost + k x the
+set's share of layers) (as layer_skip_search.estimated_speedup, with the verify's cost a field),
 from the acceptance it has measured for each on the tokens being served: decayed counts of the
 drafts the verifier kept and the rejections it saw, with an optimistic prior (every set starts
 at acceptance 1, so each is tried until its own measurements pull it below the best; counts
@@ -61,6 +62,10 @@ class LayerSkip(Drafter):
   exit_threshold: float | None = field(None, gt=0, lt=1)  # Kangaroo early exit (chains)
   # Other keep sets to switch among on the fly by measured acceptance per draft cost (SWIFT).
   alternatives: tuple[tuple[int, ...], ...] = field((), ge=0)
+  # A verify step's cost in one-token target steps, for choosing among the sets: 1 where a
+  # forward is memory-bound (a GPU); more where a k + 1 token block costs compute (~1.9 for 6
+  # tokens on a 2-core CPU; research/bench_self_speculation.py measures it).
+  verify_cost: float = field(1.0, gt=0)
 
   @classmethod
   def skipping(cls, n_layers: int, skip, tree: Tree | None = None, alternatives=()) -> LayerSkip:
@@ -126,7 +131,7 @@ class LayerSkip(Drafter):
     a = state.acceptance()  # [c]
     tau = jnp.where(a >= 1.0, k + 1.0, (1.0 - a ** (k + 1)) / (1.0 - jnp.minimum(a, 1 - 1e-6)))
     cost = jnp.asarray([len(keep) / n for keep in self.keep_sets], jnp.float32)
-    choice = jnp.argmax(tau / (1.0 + k * cost)).astype(jnp.int32)  # ties: the first set
+    choice = jnp.argmax(tau / (self.verify_cost + k * cost)).astype(jnp.int32)  # ties: first
     draft, cache = jax.lax.switch(choice, [functools.partial(run, keep)
                                            for keep in self.keep_sets])
     length = jnp.full(view.lengths.shape, k, jnp.int32) if draft.length is None else draft.length

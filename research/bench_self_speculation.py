@@ -20,12 +20,15 @@ import json
 import pathlib
 import time
 
+import jax.numpy as jnp
 import numpy as np
 
 from speculax.decode.config import SpecConfig
 from speculax.drafters import registry, vocab_trim
 from speculax.drafters.layer_skip import LayerSkip
 from speculax.models.assets import humaneval_prompts
+from speculax.models import llama
+from speculax.models.kvcache import KVCache
 from speculax.models.load import load
 from speculax.research.common import machine, run_prompts, table
 from speculax.train import data
@@ -48,7 +51,27 @@ def token_order(model, n_prompts: int, new_tokens: int, code_files: int) -> np.n
   return vocab_trim.frequency_order(answers + code, model.config.vocab_size)
 
 
-def _methods(model, calibration, order, args):
+def verify_cost(model, k: int, repeats: int = 20) -> float:
+  """Time of a (k + 1)-token forward against a cache over a one-token one (medians): what a
+  verify step costs in one-token target steps on this machine."""
+  cfg, params = model.config, llama.unstack_layers(model.params)
+  cache = KVCache.init(cfg, 1, 512, per_layer=True).with_lengths(jnp.full((1,), 256))
+
+  def median_s(t):
+    tokens = jnp.ones((1, t), jnp.int32)
+    positions = 256 + jnp.arange(t, dtype=jnp.int32)[None]
+    llama.forward_jit(params, cfg, tokens, positions, cache)[0].block_until_ready()
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      llama.forward_jit(params, cfg, tokens, positions, cache)[0].block_until_ready()
+      times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+  return median_s(k + 1) / median_s(1)
+
+
+def _methods(model, calibration, order, cost, args):
   """name -> (drafter, params): every searched set plain, then the first (least skipping) with
   each trim size and exit threshold, and the on-the-fly switching among all of them."""
   cfg, params = model.config, model.params
@@ -68,8 +91,10 @@ def _methods(model, calibration, order, args):
         dataclasses.replace(best, exit_threshold=p), None)
   sets = len(searched.keep_sets)
   methods[f"switching among {sets} sets"] = (searched, None)
-  methods[f"switching among {sets} sets + trim {max(args.trims)}"] = (
-      dataclasses.replace(searched, vocab_trim=max(args.trims)), ids)
+  measured = dataclasses.replace(searched, verify_cost=round(cost, 2))
+  methods[f"switching among {sets} sets, verify cost {measured.verify_cost}"] = (measured, None)
+  methods[f"switching among {sets} sets, verify cost {measured.verify_cost} + trim "
+          f"{max(args.trims)}"] = (dataclasses.replace(measured, vocab_trim=max(args.trims)), ids)
   return methods
 
 
@@ -95,7 +120,9 @@ def main():
   order = token_order(model, args.order_prompts, 64, args.order_files)
   ORDER.parent.mkdir(parents=True, exist_ok=True)
   np.save(ORDER, order)
-  methods = _methods(model, encode(humaneval_prompts(4)), order, args)
+  cost = verify_cost(model, args.k)
+  print(f"a {args.k + 1}-token verify forward costs {cost:.2f} one-token forwards", flush=True)
+  methods = _methods(model, encode(humaneval_prompts(4)), order, cost, args)
   spec = SpecConfig(k=args.k, max_new_tokens=args.new_tokens)
   rows, base = [], None
   for name, (drafter, dparams) in methods.items():
@@ -115,7 +142,7 @@ def main():
                 r["drafts_per_step"], r["tokens_per_s"], r["speedup"], r["compile_s"]]
                for r in rows]))
   RESULTS.write_text(json.dumps(dict(settings=settings, machine=machine(), args=vars(args),
-                                     rows=rows), indent=1))
+                                     verify_cost=cost, rows=rows), indent=1))
   print(f"\nwrote {RESULTS}; total run time {time.perf_counter() - t0:.0f} s")
 
 
