@@ -179,7 +179,7 @@ class Eagle(Drafter):
       return output(a), (cache, a)
 
     tokens, q, parents, _, _ = grow_tree(feed, (state.cache, state.feature[:, None]),
-                                      logits[:, None], key, self.tree, sampling)
+                                         logits[:, None], key, self.tree, sampling)
     return Draft(tokens, q, parents)
 
   def update(self, params, state: EagleState, view: TargetView, verified: Verified) -> EagleState:

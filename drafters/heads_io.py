@@ -35,17 +35,18 @@ DECODE_FIELDS = ("tree", "vocab_trim", "exit_threshold")
 
 
 def save_drafter(folder: str | os.PathLike, drafter, params, target: str,
-                      target_config: LlamaConfig, step: int,
-                      vocab_ids: np.ndarray | None = None) -> pathlib.Path:
+                 target_config: LlamaConfig, step: int,
+                 vocab_ids: np.ndarray | None = None) -> pathlib.Path:
   """Writes the params (unless that step is already there), the frequency order `vocab_ids`
   if given, then drafter.json; returns it."""
   folder = pathlib.Path(folder)
   if vocab_ids is not None:
     vocab_trim.check_order(vocab_ids, target_config.vocab_size, 1)
-    np.save(folder / ORDER, np.asarray(vocab_ids, np.int32))
   with Checkpointer(folder / PARAMS, every=1, keep=1, async_save=False) as ck:
     if ck.latest_step() != step:
       ck.save(step, params, force=True)
+  if vocab_ids is not None:
+    np.save(folder / ORDER, np.asarray(vocab_ids, np.int32))
   spec = {"format": FORMAT, "kind": drafter.name, "fields": _fields(drafter),
           "target": {"name": target, "config": _json(target_config.architecture())},
           "step": step}
@@ -69,7 +70,7 @@ def is_saved(folder: str | os.PathLike) -> bool:
 
 
 def load_drafter(folder: str | os.PathLike, cls: type, target_config: LlamaConfig,
-                      tree=None) -> tuple[Any, Any]:
+                 tree=None) -> tuple[Any, Any]:
   """(drafter, params) of the `cls` drafter saved in `folder`, drafting `tree` (None: a chain).
 
   Raises ValueError if the folder holds another kind or was trained on a target other than
