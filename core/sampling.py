@@ -68,6 +68,12 @@ def sample(key: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
   return jax.random.categorical(key, jnp.log(p), axis=-1).astype(jnp.int32)
 
 
+def top_probability(logits: jax.Array, q: jax.Array | None = None) -> jax.Array:
+  """[...] the largest probability of a draft's law: q's [..., v] where it was sampled, the
+  softmax of logits [..., v] where it was deterministic (Kangaroo's early-exit confidence)."""
+  return jnp.max(jax.nn.softmax(logits, -1) if q is None else q, -1)
+
+
 def candidates(key: jax.Array, logits: jax.Array, cfg: SamplingConfig,
                c: int) -> tuple[jax.Array, jax.Array | None]:
   """c distinct candidate tokens per row: logits [..., v] -> tokens [..., c] int32, q [..., v].

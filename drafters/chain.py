@@ -4,7 +4,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from speculax.core.sampling import SamplingConfig, probs, sample
+from speculax.core.sampling import SamplingConfig, probs, sample, top_probability
 from speculax.models import llama
 from speculax.models.config import LlamaConfig
 from speculax.models.kvcache import KVCache
@@ -38,8 +38,7 @@ def draft_chain(params, config: LlamaConfig, cache: KVCache, last: jax.Array, ke
     if law is not None:
       q = q.at[:, s].set(law)
     if exit_threshold is not None:
-      top = jnp.max(jax.nn.softmax(logits, -1) if law is None else law, -1)  # [b]
-      length = jnp.where((top < exit_threshold) & (length == k) & (s > 0) & (s < k), s, length)
+      length = exit_step(length, top_probability(logits, law), s, k, exit_threshold)
     return s + 1, cache, nxt, tokens, q, length
 
   def cond(c):  # a row of length L still draws drafts s < L, and feeds draft L with extra_step
@@ -53,6 +52,12 @@ def draft_chain(params, config: LlamaConfig, cache: KVCache, last: jax.Array, ke
   _, cache, _, tokens, q, length = jax.lax.while_loop(cond, body, init)
   return tokens[:, :k], None if q is None else q[:, :k], \
       None if exit_threshold is None else length, cache
+
+
+def exit_step(length: jax.Array, top: jax.Array, s, k: int, threshold: float) -> jax.Array:
+  """Kangaroo's early exit while drafting: a row still at full length k whose draft s (> 0, < k)
+  has top draft probability top [b] below threshold ends before it (length s)."""
+  return jnp.where((top < threshold) & (length == k) & (s > 0) & (s < k), s, length)
 
 
 def exit_length(top: jax.Array, threshold: float) -> jax.Array:

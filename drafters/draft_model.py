@@ -78,7 +78,7 @@ class DraftModel(Drafter):
 
   def propose(self, params, state: KVCache, view: TargetView, key, config, k: int, sampling):
     last = view.pending
-    output = self.output(params, None, config) if self.vocab_trim else None  # None: its own
+    output = self.output(params, view.params, config)  # its own head (or its kept rows)
     if self.tree is not None:
       tokens, q, parents, state = draft_tree(params, self.config, state, last, key, self.tree,
                                              sampling, feed_leaves=True, output=output)

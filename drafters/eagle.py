@@ -38,10 +38,11 @@ import numpy as np
 import optax
 
 from speculax.core.fields import field
-from speculax.core.sampling import SamplingConfig, probs, sample
+from speculax.core.sampling import SamplingConfig, probs, sample, top_probability
 from speculax.core.trees import Tree
 from speculax.core.types import Draft, TargetView, Verified
 from speculax.drafters.base import Drafter
+from speculax.drafters.chain import exit_step
 from speculax.drafters.feature_layer import init_layer, layer_config, run_layer
 from speculax.drafters.tree_draft import grow_tree
 from speculax.models import llama
@@ -136,8 +137,8 @@ class Eagle(Drafter):
       if not greedy:
         q = q.at[:, s].set(probs(logits, sampling))
       if self.exit_threshold is not None:  # Kangaroo: a low draft s > 0 is not proposed
-        top = jnp.max(jax.nn.softmax(logits, -1) if greedy else q[:, s], -1)
-        length = jnp.where((top < self.exit_threshold) & (length == k) & (s > 0), s, length)
+        top = top_probability(logits, None if greedy else q[:, s])
+        length = exit_step(length, top, s, k, self.exit_threshold)
       if self.stop_threshold is not None:  # SpecDec++: P(all drafts so far kept)
         p_kept = p_kept * jax.nn.sigmoid(_accept_logit(params, feature, logits))
         stop = (1 - p_kept > self.stop_threshold) & (length == k)

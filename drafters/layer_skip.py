@@ -5,10 +5,9 @@ target's K/V for the verified prefix (an approximation that only costs acceptanc
 correctness), and write their draft K/V into the slots the verify forward overwrites next.
 
 On the fly (SWIFT-style): with `alternatives`, the drafter holds several keep sets and picks,
-at every step, the one with the highest estimated speedup, tau(a, k) / (verify_cost + k x the
-set's share of layers) (as layer_skip_search.estimated_speedup, with the verify's cost a field),
-from the acceptance it has measured for each on the tokens being served: decayed counts of the
-drafts the verifier kept and the rejections it saw, with an optimistic prior (every set starts
+at every step, the one with the highest layer_skip_search.estimated_speedup (tau(a, k) /
+(verify_cost + k x the set's share of layers)) from the acceptance it has measured for each on
+the tokens being served: decayed counts of the drafts the verifier kept and the rejections it saw, with an optimistic prior (every set starts
 at acceptance 1, so each is tried until its own measurements pull it below the best; counts
 decay every step, so a set left aside drifts back up and is tried again on the text at hand).
 The choice is one `lax.switch` inside the jitted loop: only the chosen set's layers run.
@@ -29,7 +28,7 @@ from speculax.core.trees import Tree
 from speculax.core.types import Draft, TargetView, Verified
 from speculax.drafters.base import Drafter
 from speculax.drafters.chain import draft_chain
-from speculax.drafters.layer_skip_search import search_skip_set
+from speculax.drafters.layer_skip_search import estimated_speedup, search_skip_set
 from speculax.drafters.tree_draft import draft_tree
 from speculax.models.kvcache import KVCache
 
@@ -127,11 +126,9 @@ class LayerSkip(Drafter):
     if not self.alternatives:
       draft, cache = run(self.keep)
       return draft, state, view.replace(cache=cache)
-    n = config.n_layers
-    a = state.acceptance()  # [c]
-    tau = jnp.where(a >= 1.0, k + 1.0, (1.0 - a ** (k + 1)) / (1.0 - jnp.minimum(a, 1 - 1e-6)))
-    cost = jnp.asarray([len(keep) / n for keep in self.keep_sets], jnp.float32)
-    choice = jnp.argmax(tau / (self.verify_cost + k * cost)).astype(jnp.int32)  # ties: first
+    cost = jnp.asarray([len(keep) / config.n_layers for keep in self.keep_sets], jnp.float32)
+    score = estimated_speedup(state.acceptance(), k, cost, verify_cost=self.verify_cost)  # [c]
+    choice = jnp.argmax(score).astype(jnp.int32)  # ties: the first set
     draft, cache = jax.lax.switch(choice, [functools.partial(run, keep)
                                            for keep in self.keep_sets])
     length = jnp.full(view.lengths.shape, k, jnp.int32) if draft.length is None else draft.length
@@ -160,7 +157,7 @@ class LayerSkip(Drafter):
     sub_config = dataclasses.replace(config, n_layers=len(keep))
     last = view.pending
     parents = length = None
-    output = self.output(params, None, config) if self.vocab_trim else None  # None: the target's
+    output = self.output(params, target, config)  # the target's head (or its kept rows)
     if self.tree is not None:
       tokens, q, parents, sub_cache = draft_tree(sub_params, sub_config, sub_cache, last, key,
                                                  self.tree, sampling, output=output)

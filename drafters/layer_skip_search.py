@@ -55,24 +55,25 @@ class SkipSearchResult:
   trace: tuple[SkipRound, ...]  # round r skips r layers; round 0 is the full model
 
 
-def expected_tokens_per_step(acceptance: float, k: int) -> float:
+def expected_tokens_per_step(acceptance, k: int):
   """tau = 1 + a + ... + a^k: tokens per verify step of a k-draft chain when each draft is
-  accepted independently with probability a (Leviathan et al., 2023)."""
-  if acceptance >= 1.0:
-    return float(k + 1)
-  return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+  accepted independently with probability a (Leviathan et al., 2023). A float, or an array of
+  them (traced too: the layer-skip drafter's on-the-fly choice uses it inside the loop)."""
+  return sum(acceptance ** i for i in range(k + 1))
 
 
-def estimated_speedup(acceptance: float, k: int, cost: float, cost_floor: float = 0.0) -> float:
-  """Speedup of chain speculative decoding over one target forward per token: an estimate.
+def estimated_speedup(acceptance, k: int, cost, cost_floor: float = 0.0,
+                      verify_cost: float = 1.0):
+  """Speedup of chain speculative decoding over one target forward per token: an estimate
+  (floats or arrays, as expected_tokens_per_step).
 
-  Model: one step = one target forward of k + 1 tokens, costed the same as a one-token forward
-  (decoding is memory-bound), plus k drafter forwards, each costing `cost` (kept / total layers)
-  + `cost_floor` (per-forward costs that do not shrink with the layers: embedding, LM head,
-  dispatch) in units of a target forward. It ignores the extra FLOPs of verifying k + 1 tokens
-  (not free on CPU) and the proxy-vs-real acceptance gap, so measure before quoting a speedup.
+  Model: one step = one target forward of k + 1 tokens, costing `verify_cost` one-token forwards
+  (1 where decoding is memory-bound; measure it where a block costs compute, as on a CPU), plus
+  k drafter forwards, each costing `cost` (kept / total layers) + `cost_floor` (per-forward costs
+  that do not shrink with the layers: embedding, LM head, dispatch) in units of a target
+  forward. It ignores the proxy-vs-real acceptance gap, so measure before quoting a speedup.
   """
-  return expected_tokens_per_step(acceptance, k) / (1.0 + k * (cost + cost_floor))
+  return expected_tokens_per_step(acceptance, k) / (verify_cost + k * (cost + cost_floor))
 
 
 def _check_inputs(params, config: LlamaConfig, calibration, k: int, max_skip_fraction: float,

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from speculax.core.fields import field
-from speculax.core.sampling import SamplingConfig, candidates, probs, sample
+from speculax.core.sampling import SamplingConfig, candidates, probs, sample, top_probability
 from speculax.core.trees import StaticTree
 from speculax.core.types import Draft, TargetView, Verified
 from speculax.drafters.base import Drafter
@@ -64,7 +64,7 @@ class Medusa(Drafter):
       tokens = sample(key, logits, sampling)  # [b, k]
       q = None if sampling.greedy else probs(logits, sampling)
       length = None if self.exit_threshold is None else exit_length(
-          jnp.max(jax.nn.softmax(logits, -1) if q is None else q, -1), self.exit_threshold)
+          top_probability(logits, q), self.exit_threshold)
       return Draft(tokens=tokens, probs=q, length=length), state, view
     cand, q = candidates(key, logits, sampling, self.tree.max_children)  # [b, depth, c]
     depths = jnp.asarray(self.tree.node_depths[1:] - 1)  # [n] head of each node

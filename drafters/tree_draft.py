@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculax.core.sampling import SamplingConfig, candidates
+from speculax.core.sampling import SamplingConfig, candidates, top_probability
 from speculax.core.trees import StaticTree, Tree, ancestor_mask
 from speculax.models import llama
 from speculax.models.config import LlamaConfig
@@ -77,7 +77,7 @@ def grow_tree(feed, carry, logits: jax.Array, key: jax.Array, tree: Tree,
     parents.append((start + local).astype(jnp.int32))
     if q is not None:
       q_rows.append(jnp.take_along_axis(q, local[..., None], 1))  # [b, w, v]
-    top = jnp.max(jax.nn.softmax(logits, -1) if q is None else q, -1)  # [b, prev]
+    top = top_probability(logits, q)  # [b, prev]
     tops.append(jnp.take_along_axis(top, local, 1))  # [b, w]
     start += prev
     if d < tree.depth or feed_leaves:
