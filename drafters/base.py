@@ -109,6 +109,15 @@ class Drafter(Checked, abc.ABC):
                                vocab_size=target.vocab_size)
     return functools.partial(llama.lm_head, *self.output_layer(params, target_params, target))
 
+  def train_head(self, frozen, config: LlamaConfig) -> Callable[[jax.Array], jax.Array]:
+    """In `train_outputs`: features [..., d] -> logits through the target's output layer,
+    [..., v], or [..., n] over the kept ids when training a trimmed drafter (the trainer puts
+    the kept rows in frozen[vocab_trim.TRIM]): a draft step that never scores a token need not
+    learn it, and training pays n / v of the output layer."""
+    if vocab_trim.TRIM in frozen:
+      return functools.partial(vocab_trim.trimmed_logits, frozen[vocab_trim.TRIM])
+    return functools.partial(llama.lm_head, frozen, config)
+
   def init(self, params, view: TargetView, config: LlamaConfig, max_len: int) -> Any:
     """State after the target's prefill (history holds the prompt and the first new token)."""
     return ()

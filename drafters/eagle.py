@@ -208,6 +208,7 @@ class Eagle(Drafter):
     nxt = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], 1)  # [b, t] token i + 1 (last: pad)
     x1 = _entries(params, frozen, config, _fuse(params, f), nxt)  # [b, t, d]
     xs, logits, accept, out = [x1], [], [], {}
+    head = self.train_head(frozen, config)
     for s in range(1, self.ttt_steps + 1):
       x = jnp.concatenate(xs, 1)  # [b, s t, d] every step's entries so far
       positions = jnp.broadcast_to(jnp.tile(jnp.arange(t), s), (b, s * t))
@@ -215,7 +216,7 @@ class Eagle(Drafter):
       y, _ = run_layer(params["layer"], config, x, positions, mask=mask)
       a = llama.rms_norm(y[:, -t:], params["norm"], config.norm_eps)  # [b, t, d] step s
       shift = lambda z: jnp.concatenate([z[:, s - 1:], jnp.zeros_like(z[:, :s - 1])], 1)
-      z = llama.lm_head(frozen, config, a)  # [b, t, v]
+      z = head(a)  # [b, t, v] (or [b, t, n] trimmed)
       logits.append(shift(z))  # by rollout start
       accept.append(shift(_accept_logit(params, a, z)))  # [b, t]
       if s == 1 and len(self.feature_layers) == 1 and self.feature_weight:

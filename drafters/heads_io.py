@@ -50,6 +50,10 @@ def save_drafter(folder: str | os.PathLike, drafter, params, target: str,
   spec = {"format": FORMAT, "kind": drafter.name, "fields": _fields(drafter),
           "target": {"name": target, "config": _json(target_config.architecture())},
           "step": step}
+  if getattr(drafter, "vocab_trim", 0):  # trained on the kept ids only: served so by default
+    if vocab_ids is None:
+      raise ValueError(f"{drafter.name} with vocab_trim={drafter.vocab_trim} needs its vocab_ids")
+    spec["vocab_trim"] = drafter.vocab_trim
   write_json_atomic(folder / SPEC, spec)
   return folder / SPEC
 
@@ -71,7 +75,8 @@ def is_saved(folder: str | os.PathLike) -> bool:
 
 def load_drafter(folder: str | os.PathLike, cls: type, target_config: LlamaConfig,
                  tree=None) -> tuple[Any, Any]:
-  """(drafter, params) of the `cls` drafter saved in `folder`, drafting `tree` (None: a chain).
+  """(drafter, params) of the `cls` drafter saved in `folder`, drafting `tree` (None: a chain);
+  a drafter trained with VocabTrim scores the kept ids it was trained on.
 
   Raises ValueError if the folder holds another kind or was trained on a target other than
   `target_config` (naming every differing field); FileNotFoundError if nothing is saved.
@@ -92,6 +97,10 @@ def load_drafter(folder: str | os.PathLike, cls: type, target_config: LlamaConfi
     order = vocab_trim.check_order(np.load(folder / ORDER), target_config.vocab_size, 1,
                                    where=str(folder / ORDER))
     params = {**params, vocab_trim.IDS: order}
+  if spec.get("vocab_trim"):
+    vocab_trim.check_order(params.get(vocab_trim.IDS), target_config.vocab_size,
+                           spec["vocab_trim"], where=str(folder / ORDER))
+    drafter = dataclasses.replace(drafter, vocab_trim=spec["vocab_trim"])
   return drafter, params
 
 

@@ -32,7 +32,6 @@ Dims: b batch, t time, w level width, p path length, j heads, d model, v vocab.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import ClassVar
 
 import flax.struct
@@ -137,7 +136,7 @@ class Hydra(Drafter):
     e = llama.embed(frozen, config, tokens)  # [b, t, d]
     ahead = jnp.stack([jnp.pad(e[:, m:], ((0, 0), (0, m), (0, 0))) for m in
                        range(1, self.n_heads + 1)], 2)  # [b, t, j, d]: ahead[:, i, m - 1] = e_{i+m}
-    output = functools.partial(llama.lm_head, frozen, config)
+    output = self.train_head(frozen, config)
     return {"logits": jnp.stack([head_logits(params[f"head{j}"], output, h, ahead[:, :, :j])
                                  for j in range(1, self.n_heads + 1)], 2)}  # [b, t, j, v]
 

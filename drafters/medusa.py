@@ -16,7 +16,6 @@ Dims: b batch, d model, v vocab, j heads, c candidates.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import ClassVar
 
 import jax
@@ -29,7 +28,6 @@ from speculax.core.types import Draft, TargetView, Verified
 from speculax.drafters.base import Drafter
 from speculax.drafters.chain import exit_length
 from speculax.drafters.tree_draft import check_heads
-from speculax.models import llama
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +80,7 @@ class Medusa(Drafter):
 
   def train_outputs(self, params, frozen, config, batch, key) -> dict:
     """Head j at position i predicts the token the cache's distribution at i + j is of."""
-    output = functools.partial(llama.lm_head, frozen, config)
+    output = self.train_head(frozen, config)
     return {"logits": heads_logits(params, output, batch["hidden"][0])}  # [b, t, j, v]
 
 

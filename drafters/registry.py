@@ -101,7 +101,8 @@ def make(name: str, target, config: LlamaConfig | None = None, **given) -> Loade
 
 def load(folder: str | os.PathLike, target=None, tree=None, vocab_trim: int = 0) -> LoadedDrafter:
   """The trained drafter saved in `folder`, whatever its kind, drafting `tree` (None: a
-  chain), scoring the `vocab_trim` tokens most frequent in its training corpus (0: all). With a
+  chain), scoring the `vocab_trim` tokens most frequent in its training corpus (0: as trained,
+  all of them or the kept ids of a drafter trained with VocabTrim). With a
   target (a LoadedModel or its LlamaConfig) the folder must have been trained on it (ValueError
   naming every differing field); without, the target it records is taken."""
   config = getattr(target, "config", target)

@@ -69,8 +69,11 @@ def trimmed_head(head_params, config: LlamaConfig, ids: np.ndarray) -> dict:
   return {"ids": ids, "rows": rows}
 
 
-def trimmed_logits(trim: dict, features: jax.Array, vocab_size: int) -> jax.Array:
-  """Final-normed features [..., d] -> logits [..., v] float32, -inf outside the kept ids."""
+def trimmed_logits(trim: dict, features: jax.Array, vocab_size: int | None = None) -> jax.Array:
+  """Final-normed features [..., d] -> logits [..., v] float32, -inf outside the kept ids; with
+  no vocab_size, the kept ids' logits alone [..., n] (training, which scores in that space)."""
   kept = jnp.einsum("...d,nd->...n", features, trim["rows"]).astype(jnp.float32)
+  if vocab_size is None:
+    return kept
   full = jnp.full((*features.shape[:-1], vocab_size), -jnp.inf, jnp.float32)
   return full.at[..., trim["ids"]].set(kept)

@@ -11,11 +11,13 @@ from speculax.decode.config import SpecConfig
 from speculax.decode.speculative import speculative_generate
 from speculax.drafters import heads_io, registry, vocab_trim
 from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.eagle import Eagle
 from speculax.drafters.medusa import Medusa
 from speculax.models.config import get_preset
 from speculax.models.load import LoadedModel
 from speculax.train.distill import DistillConfig
-from speculax.train.experiment import DataConfig, DistillExperiment, run, token_rows
+from speculax.train.corpus import token_rows
+from speculax.train.experiment import DataConfig, DistillExperiment, run
 from speculax.train.heads import HeadsConfig
 from speculax.train.metrics_log import MetricsLog
 from speculax.train.optim import OptimConfig
@@ -85,11 +87,28 @@ def test_saved_heads_load_and_decode_like_the_target(tiny, tiny_reference, train
   drafter, heads = registry.make("medusa", params, cfg, heads=exp.folder, tree=tree)
   assert drafter == Medusa(3, tree)
   order = heads.pop(vocab_trim.IDS)  # the target's tokens by frequency on the training rows
-  assert order[0] == np.bincount(np.ravel(token_rows(exp.data, ByteTokenizer())[0])).argmax()
+  rows = token_rows(exp.data, LoadedModel(cfg, params, ByteTokenizer()), exp.folder)[0]
+  assert order[0] == np.bincount(np.ravel(rows)).argmax()
   jax.tree.map(np.testing.assert_array_equal, heads, result["state"].params)
   out = speculative_generate(params, cfg, PROMPTS[:4], drafter,
                              SpecConfig(k=3, max_new_tokens=NEW), drafter_params=heads)
   assert out.tokens == tiny_reference[:4]
+
+
+def test_trimmed_heads_train_on_kept_ids_and_decode_like_the_target(
+    model, tiny, tiny_reference, tmp_path):
+  cfg, params = tiny
+  exp = _exp(tmp_path, "eagle", HeadsConfig(Eagle(vocab_trim=64), batch_size=4, optim=OPTIM))
+  result = run(exp, model=model)
+  assert 0 < result["heldout_acceptance_after"] < 1
+  drafter, heads = registry.make("eagle", params, cfg, heads=exp.folder)
+  assert drafter.vocab_trim == 64  # trained trimmed, served trimmed by default
+  out = speculative_generate(params, cfg, PROMPTS[:4], drafter,
+                             SpecConfig(k=3, max_new_tokens=NEW), drafter_params=heads)
+  assert out.tokens == tiny_reference[:4]
+  with pytest.raises(ValueError, match="vocab_trim=300 must be in"):
+    run(_exp(tmp_path, "big", HeadsConfig(Eagle(vocab_trim=300), batch_size=4, optim=OPTIM)),
+        model=model)
 
 
 def test_distill_runs_on_the_same_runner_and_saves_a_loadable_draft_model(

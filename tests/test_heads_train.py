@@ -9,11 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from speculax.drafters import vocab_trim
+from speculax.drafters.eagle import Eagle
 from speculax.drafters.hydra import Hydra
 from speculax.drafters.medusa import Medusa
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models import llama
 from speculax.train.distill import init_state, train_step
+from speculax.train import losses
 from speculax.train.heads import HeadsConfig
 from speculax.train.optim import OptimConfig
 
@@ -69,3 +72,49 @@ def test_more_heads_than_the_rows_allow(tiny):
   with pytest.raises(ValueError, match="training 4 draft depths needs rows longer than 4 tokens, "
                                        "got 4"):
     heads.objective(Medusa(4).init_params(cfg), cfg, rows, jax.random.key(0), params)
+
+
+@pytest.mark.parametrize("drafter", [Medusa(2, vocab_trim=100), Eagle.eagle3(4, vocab_trim=100)],
+                         ids=["medusa", "eagle3"])
+def test_trimmed_training_scores_the_serving_law(tiny, drafter):
+  """Training a VocabTrim drafter scores only the kept ids; its acceptance metric is that of the
+  law it serves (full-vocabulary logits with -inf outside the kept set, against the full
+  teacher), and its loss is finite with a finite gradient."""
+  cfg, params = tiny
+  heads = HeadsConfig(drafter, optim=OptimConfig(learning_rate=1e-2, warmup_steps=1,
+                                                 total_steps=2))
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (4, 16)))
+  batch = _batch(cfg, params, tokens)
+  if drafter.name == "eagle":
+    batch["hidden"] = llama.forward_jit(params, cfg, tokens, jnp.broadcast_to(
+        jnp.arange(16), tokens.shape), hidden_layers=drafter.hidden_layers)[1]
+  kept = np.sort(np.random.default_rng(2).permutation(cfg.vocab_size)[:100])
+  trim = vocab_trim.trimmed_head(params, cfg, kept)
+  heads_params = drafter.init_params(cfg, jax.random.key(3))
+  heads_params = jax.tree.map(lambda x: x + 0.01, heads_params)  # off the zero init
+  key = jax.random.key(0)
+  loss, got = heads.objective(heads_params, cfg, batch, key, {**params, vocab_trim.TRIM: trim})
+  full = drafter.train_outputs(heads_params, params, cfg, batch, key)["logits"]  # [b, t, J, v]
+  served = jnp.full_like(full, -jnp.inf).at[..., kept].set(full[..., kept])
+  teacher = losses.teacher_logprobs_from_topk(batch["ids"], batch["logprobs"], cfg.vocab_size)
+  t = tokens.shape[1]
+  for j in range(1, full.shape[2] + 1):
+    want = losses.token_acceptance(teacher[:, j:], served[:, :t - j, j - 1], jnp.ones((4, t - j)))
+    untrimmed = losses.token_acceptance(teacher[:, j:], full[:, :t - j, j - 1],
+                                        jnp.ones((4, t - j)))
+    np.testing.assert_allclose(got[f"acceptance/depth{j}"], want, rtol=1e-5)
+    assert abs(float(want) - float(untrimmed)) > 1e-3  # trimming changed the law measured
+  grads = jax.grad(lambda p: heads.objective(p, cfg, batch, key,
+                                             {**params, vocab_trim.TRIM: trim})[0])(heads_params)
+  assert np.isfinite(float(loss)) and all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+
+
+def test_topk_teacher_on_kept_ids_is_the_dense_law_there():
+  rng = np.random.default_rng(0)
+  logp = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(2, 3, 50)) * 3, jnp.float32))
+  values, ids = jax.lax.top_k(logp, 8)
+  dense = losses.teacher_logprobs_from_topk(ids, values, 50)  # [2, 3, 50]
+  np.testing.assert_allclose(jnp.exp(dense).sum(-1), 1, rtol=1e-5)
+  kept = jnp.asarray(np.sort(rng.permutation(50)[:20]))
+  np.testing.assert_allclose(losses.teacher_logprobs_from_topk(ids, values, 50, kept),
+                             dense[..., kept], rtol=1e-5, atol=1e-6)

@@ -111,7 +111,8 @@ def pack_ids(docs: Iterable[Sequence[int]], seq_len: int, *, sep: int, bos: int 
   """Packs documents as one stream `[bos] doc sep [bos] doc sep ...` cut into rows of seq_len.
 
   Rows cross document boundaries (the separator tells the model where one ends); the tail that
-  does not fill a row is dropped. `bos` is not added again when a document already starts with it.
+  does not fill a row is dropped. `bos` is not added again when a document already starts with
+  it, nor `sep` when it already ends with it.
   """
   if seq_len < 2:
     raise ValueError(f"seq_len must be >= 2 (an input and a next-token target), got {seq_len}")
@@ -124,7 +125,8 @@ def pack_ids(docs: Iterable[Sequence[int]], seq_len: int, *, sep: int, bos: int 
     if bos is not None and doc[:1] != [bos]:
       stream.append(bos)
     stream += doc
-    stream.append(sep)
+    if doc[-1:] != [sep]:  # a self-distilled answer may already end with it
+      stream.append(sep)
     if want is not None and len(stream) >= want:
       break
   n = len(stream) // seq_len if want is None else min(len(stream), want) // seq_len

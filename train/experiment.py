@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -23,28 +24,38 @@ import numpy as np
 from speculax.core.fields import Checked, field
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.heads_io import save_drafter
+from speculax.drafters import vocab_trim
 from speculax.drafters.vocab_trim import frequency_order
 from speculax.models.checkpoints import Checkpointer
 from speculax.models.config import LlamaConfig
 from speculax.models.derive import truncated
 from speculax.models.load import LoadedModel, load
 from speculax.models.sharding import MeshConfig
-from speculax.train import data
+from speculax.train import corpus
 from speculax.train.distill import DistillConfig, eval_metrics
 from speculax.train.heads import HeadsConfig
 from speculax.train.loop import Target, fit, sharded_init
 from speculax.train.metrics_log import MetricsLog
-from speculax.train.teacher_cache import build_teacher_cache
+from speculax.train.teacher_cache import build_teacher_cache, params_fingerprint
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig(Checked):
+  """The corpus (train/corpus.py): stdlib code, the target's own answers, or a mixture."""
+  corpus: Literal["code", "self-distill", "mixed"] = "code"
   files: int | None = field(300, ge=1)  # stdlib source files to read (None: all)
   seq_len: int = field(256, ge=2)
   rows: int = field(512, ge=1)  # training rows of seq_len tokens
   heldout_rows: int = field(32, ge=1)  # rows from held-out files, for the acceptance estimate
   heldout_fraction: float = field(0.1, gt=0, lt=1)
   top_k: int = field(32, ge=1)  # teacher log-probs kept per position
+  # Self-distillation (corpus "self-distill" or "mixed"):
+  prompts: int | None = field(None, ge=1)  # training prompts answered (None: all)
+  prompts_file: str | None = None  # .jsonl of your own; default: train/prompts.mixture
+  answer_tokens: int = field(192, ge=1)  # new tokens per answer at most
+  temperatures: tuple[float, ...] = field((0.0, 1.0), ge=0)  # prompt i: temperatures[i % len]
+  generate_batch: int = field(32, ge=1)
+  code_fraction: float = field(0.25, ge=0, le=1)  # "mixed": share of training rows from code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,12 +99,25 @@ class Student:
   hidden_layers: tuple[int, ...] = ()  # target features the teacher cache must hold
 
 
-def student(exp: DistillExperiment, model: LoadedModel) -> Student:
-  """Head drafters start from their own init on the target; draft models from its layers."""
+def student(exp: DistillExperiment, model: LoadedModel, order: np.ndarray | None = None) -> Student:
+  """Head drafters start from their own init on the target; draft models from its layers.
+
+  order: the frequency order of the training tokens [v]; a head drafter with vocab_trim N
+  trains on the N first (their output rows ride in frozen[vocab_trim.TRIM]).
+  """
   cfg = exp.distill
   if isinstance(cfg, HeadsConfig):
-    return Student(model.config, cfg.drafter.init_params(model.config, jax.random.key(cfg.seed)),
-                   model.params, tuple(cfg.drafter.hidden_layers))
+    drafter, frozen = cfg.drafter, model.params
+    params = drafter.init_params(model.config, jax.random.key(cfg.seed))
+    if drafter.vocab_trim:
+      if order is None:
+        raise ValueError(f"{drafter.name} with vocab_trim={drafter.vocab_trim} trains on the "
+                         "kept ids of a frequency order: pass order")
+      ids = vocab_trim.check_order(order, model.config.vocab_size, drafter.vocab_trim)
+      head = vocab_trim.trimmed_head(*drafter.output_layer(params, model.params, model.config),
+                                     ids[:drafter.vocab_trim])
+      frozen = {**frozen, vocab_trim.TRIM: head}
+    return Student(model.config, params, frozen, tuple(drafter.hidden_layers))
   return Student(*truncated(model.params, model.config, exp.draft_layers))
 
 
@@ -115,14 +139,6 @@ def cache_name(split: str, hidden_layers: tuple[int, ...]) -> str:
   return f"teacher_{split}" + "".join(f"_h{i}" for i in hidden_layers)
 
 
-def token_rows(cfg: DataConfig, tokenizer) -> tuple[np.ndarray, np.ndarray]:
-  """(train, held-out) rows [n, seq_len] packed from stdlib files split by path."""
-  train_files, held_files = data.split_files(data.stdlib_files(cfg.files), cfg.heldout_fraction)
-  pack = lambda files, rows: data.pack_sequences(tokenizer, data.read_texts(files), cfg.seq_len,
-                                                 max_rows=rows)
-  return pack(train_files, cfg.rows), pack(held_files, cfg.heldout_rows)
-
-
 def run(exp: DistillExperiment, *, until: int | None = None,
         model: LoadedModel | None = None,
         rows: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
@@ -130,18 +146,21 @@ def run(exp: DistillExperiment, *, until: int | None = None,
   and for a finished head-drafter run the folder it saved the drafter in ("heads").
 
   model: the loaded target (default: load(exp.target)).
-  rows: (train, held-out) token rows [n, seq_len] of a corpus of your own (default: the
-  standard-library rows exp.data describes).
+  rows: (train, held-out) token rows [n, seq_len] of a corpus of your own (default: the rows
+  exp.data describes, train/corpus.py).
   """
   heads = isinstance(exp.distill, HeadsConfig)
   if heads and exp.mesh is not None:
     raise ValueError(f"experiment {exp.name}: head drafters train on one device for now; "
                      f"drop mesh={exp.mesh}")
   model = load(exp.target) if model is None else model
-  s = student(exp, model)
-  train_tokens, held_tokens = token_rows(exp.data, model.tokenizer) if rows is None else rows
   folder = exp.folder
   caches = folder if exp.teacher_dir is None else pathlib.Path(exp.teacher_dir)
+  if rows is None:
+    rows = corpus.token_rows(exp.data, model, caches, params_fingerprint(model.params))
+  train_tokens, held_tokens = rows
+  order = frequency_order(train_tokens, model.config.vocab_size)
+  s = student(exp, model, order)
   teacher, held = (build_teacher_cache(caches / cache_name(split, s.hidden_layers), model.params,
                                        model.config, tokens, top_k=exp.data.top_k,
                                        hidden_layers=s.hidden_layers)
@@ -164,7 +183,7 @@ def run(exp: DistillExperiment, *, until: int | None = None,
   if saved:
     drafter = exp.distill.drafter if heads else DraftModel(s.config)
     save_drafter(folder, drafter, state.params, exp.target, model.config, int(state.step),
-                 vocab_ids=frequency_order(train_tokens, model.config.vocab_size))
+                 vocab_ids=order)
   return {"heldout_acceptance_before": before["acceptance"],
           "heldout_acceptance_after": after["acceptance"],
           "heldout_before": before, "heldout_after": after,

@@ -53,15 +53,20 @@ def teacher_logprobs_from_logits(logits: jax.Array) -> jax.Array:
   return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
 
 
-def teacher_logprobs_from_topk(ids: jax.Array, logprobs: jax.Array, vocab: int) -> jax.Array:
+def teacher_logprobs_from_topk(ids: jax.Array, logprobs: jax.Array, vocab: int,
+                               kept: jax.Array | None = None) -> jax.Array:
   """Dense teacher log-probs [b, t, v] from a cached top-k (ids, logprobs [b, t, K]).
 
   Caching the full teacher distribution costs v floats per token (49152 for SmolLM2); a top-k
   cache keeps the mass that matters. `logprobs` must be full-vocabulary log-probs (log_softmax
   then top_k). The leftover mass 1 - sum(exp(logprobs)) is spread uniformly over the other
   v - K tokens, floored at a tiny positive mass so every log stays finite, and the result is
-  renormalized so it sums to 1 even when rounding makes the top-k mass exceed 1. With K == v it
-  reproduces the full distribution.
+  normalized over the vocabulary so it sums to 1 even when rounding makes the top-k mass exceed
+  1. With K == v it reproduces the full distribution.
+
+  kept: sorted token ids [n] (a VocabTrim drafter's): the same law's log-probs of those ids only
+  [b, t, n], not renormalized, so sum min(p, q) over them is still the acceptance of a draft
+  whose q is zero elsewhere.
   """
   if ids.shape != logprobs.shape:
     raise ValueError(f"top-k ids {ids.shape} and logprobs {logprobs.shape} must match")
@@ -71,10 +76,18 @@ def teacher_logprobs_from_topk(ids: jax.Array, logprobs: jax.Array, vocab: int) 
   logprobs = logprobs.astype(jnp.float32)
   top_mass = jnp.sum(jnp.exp(logprobs), axis=-1, keepdims=True)  # [b, t, 1]
   rest = jnp.maximum(1.0 - top_mass, _MIN_REST_MASS)
-  log_rest = jnp.log(rest) - math.log(max(vocab - k, 1))  # [b, t, 1]
-  dense = jnp.broadcast_to(log_rest, (*ids.shape[:-1], vocab))  # [b, t, v]
-  dense = jnp.put_along_axis(dense, ids.astype(jnp.int32), logprobs, axis=-1, inplace=False)
-  return jax.nn.log_softmax(dense, axis=-1)  # [b, t, v]
+  others = vocab - k
+  log_rest = jnp.log(rest) - math.log(max(others, 1))  # [b, t, 1] each other token's
+  log_z = jnp.log(top_mass + (rest if others else 0.0))  # [b, t, 1]
+  ids = ids.astype(jnp.int32)
+  n = vocab
+  if kept is not None:  # where each top-k id sits among the kept ones; n (dropped) if absent
+    n = kept.shape[0]
+    at = jnp.clip(jnp.searchsorted(kept, ids), 0, n - 1)
+    ids = jnp.where(kept[at] == ids, at, n)
+  dense = jnp.broadcast_to(log_rest - log_z, (*ids.shape[:-1], n))  # [b, t, n]
+  lead = jnp.indices(ids.shape, sparse=True)[:-1]
+  return dense.at[(*lead, ids)].set(logprobs - log_z, mode="drop")
 
 
 # ----------------------------------------------------------------------------- shared pieces

@@ -1,0 +1,91 @@
+"""Training corpora (train/corpus.py): cached self-distilled answers that resume, prompts files,
+and the rows an experiment's DataConfig asks for; on the tiny target with a char tokenizer."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from speculax.decode.config import GenerateConfig
+from speculax.decode.generate import generate
+from speculax.models.load import LoadedModel
+from speculax.train import corpus, data
+from speculax.train.experiment import DataConfig
+
+from test_data import tok  # noqa: F401 (fixture)
+
+PROMPTS = ["Say hi.", "Why is the sky blue?", "Continue: x = 1", "List three fruits.", "Ok?"]
+
+
+def _answers(tiny, tok, folder, prompts, **kw):
+  cfg, params = tiny
+  return corpus.answers(folder, params, cfg, tok, prompts, max_new_tokens=kw.pop("new", 4),
+                        batch_size=2, **kw)
+
+
+def test_answers_are_the_targets_and_resume(tiny, tok, tmp_path, monkeypatch):
+  cfg, params = tiny
+  first = _answers(tiny, tok, tmp_path, PROMPTS[:3], temperatures=(0.0, 1.0))
+  for i in (0, 2):  # greedy prompts: the target's own greedy answer
+    ids = tok.encode(tok.chat_prompt(PROMPTS[i]))
+    alone = generate(params, cfg, [ids], GenerateConfig(max_new_tokens=4, eos_ids=tok.eos_ids))
+    assert first[i] == ids + alone.tokens[0]
+  asked = []
+  real = data.self_distill
+  monkeypatch.setattr(data, "self_distill", lambda *a, **kw: asked.extend(a[3]) or real(*a, **kw))
+  again = _answers(tiny, tok, tmp_path, PROMPTS, temperatures=(0.0, 1.0))
+  assert sorted(asked) == sorted(PROMPTS[3:])  # only the new prompts were answered
+  assert again[:3] == first
+  lines = (tmp_path / "answers.jsonl").read_text().splitlines()
+  (tmp_path / "answers.jsonl").write_text("\n".join(lines[:-1] + [lines[-1][:9]]))  # a cut line
+  asked.clear()
+  assert _answers(tiny, tok, tmp_path, PROMPTS, temperatures=(0.0, 1.0)) == again
+  assert len(asked) == 1  # the cut one, redone the same way
+  with pytest.raises(ValueError, match="max_new_tokens: 4 there, 5 now"):
+    _answers(tiny, tok, tmp_path, PROMPTS, temperatures=(0.0, 1.0), new=5)
+  with pytest.raises(ValueError, match="temperatures must be"):
+    _answers(tiny, tok, tmp_path / "b", PROMPTS, temperatures=(-1.0,))
+
+
+def test_prompts_file_lines(tmp_path):
+  f = tmp_path / "p.jsonl"
+  f.write_text('{"prompt": "a?"}\n\n{"text": "some text"}\n{"prompt": "b?"}\n')
+  assert corpus.read_prompts_file(f) == (["a?", "b?"], ["some text"])
+  for bad, match in (('{"prompt": "a", "text": "b"}', "p.jsonl:1: each line needs one"),
+                     ('{"prompt": ""}', "p.jsonl:1: each line needs one"),
+                     ('["a"]', "p.jsonl:1: each line needs one"),
+                     ('{"prompt": "a"', "p.jsonl:1: not valid JSON")):
+    f.write_text(bad + "\n")
+    with pytest.raises(ValueError, match=match):
+      corpus.read_prompts_file(f)
+  with pytest.raises(FileNotFoundError, match="prompts file not found"):
+    corpus.read_prompts_file(tmp_path / "none.jsonl")
+
+
+def test_rows_of_each_corpus(tiny, tok, tmp_path):
+  cfg, params = tiny
+  model = LoadedModel(cfg, params, tok)
+  f = tmp_path / "p.jsonl"
+  lines = [{"prompt": f"Question {i}: why {i}?"} for i in range(8)] + [{"text": "x = 1\n" * 9}]
+  f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+  base = DataConfig(seq_len=16, rows=6, heldout_rows=2, prompts_file=str(f), answer_tokens=4,
+                    temperatures=(0.0,), generate_batch=2, heldout_fraction=0.25, files=30)
+  sd = dataclasses.replace(base, corpus="self-distill")
+  train, held = corpus.token_rows(sd, model, tmp_path / "c")
+  assert train.shape == (6, 16) and held.shape[1] == 16 and len(held) >= 1
+  # Held out: the last quarter of the prompts (questions 6, 7) and of the texts (none).
+  held_text = tok.decode(held.ravel().tolist())
+  assert "Question 6" in held_text or "Question 7" in held_text
+  assert not any(f"Question {i}:" in tok.decode(train.ravel().tolist()) for i in (6, 7))
+  mixed = dataclasses.replace(base, corpus="mixed", code_fraction=0.5)
+  m_train, m_held = corpus.token_rows(mixed, model, tmp_path / "c")
+  code_train, _ = corpus.token_rows(dataclasses.replace(base, corpus="code"), model, tmp_path)
+  assert m_train.shape == (6, 16)
+  np.testing.assert_array_equal(m_train[3:], code_train[:3])  # half the rows from code
+  np.testing.assert_array_equal(m_train[:3], train[:3])
+  np.testing.assert_array_equal(m_held, held)  # held out: self-distilled, as the serving text
+
+
+def test_pack_adds_no_second_separator():
+  rows = data.pack_ids([[5, 6, 0], [7, 8]], 3, sep=0)
+  assert rows.ravel().tolist() == [5, 6, 0, 7, 8, 0]

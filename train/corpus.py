@@ -1,0 +1,181 @@
+"""Training corpora for drafters: raw standard-library code, the target's own answers, or both.
+
+A drafter accepts best on text like what it will serve: the target's answers to chat prompts
+(self-distillation, DistillSpec / FastDraft's off-policy data). `answers` writes those answers
+to a folder as it goes (one JSON line per prompt, flushed per batch), so generating millions of
+tokens shows progress and resumes where it stopped; `token_rows` turns an experiment's
+DataConfig into packed (train, held-out) rows from either source or a mixture.
+
+Prompts come from train/prompts.mixture (stdlib instructions, pydoc topics, chat questions;
+training and held-out split by subject) or from a .jsonl file of your own ({"prompt": ...} per
+line; a line {"text": ...} is used as text as it stands, no answer generated).
+
+Dims: n rows, t tokens per row.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from speculax.core.jsonfile import read_json_object, write_json_atomic
+from speculax.core.sampling import SamplingConfig
+from speculax.train import data, prompts as prompt_sources
+
+FORMAT = "speculax-answers-v1"
+_META, _LINES = "meta.json", "answers.jsonl"
+
+
+def answers(folder: str | pathlib.Path, params: Any, config: Any, tokenizer: Any,
+            prompts: Sequence[str], *, max_new_tokens: int, temperatures: Sequence[float] = (0.0,),
+            batch_size: int = 32, seed: int = 0, fingerprint: str = "") -> list[list[int]]:
+  """Chat-templated prompt + the target's answer as token ids, for every prompt (input order).
+
+  Prompt i is answered at temperatures[i % len(temperatures)] (0: greedy), so one corpus holds
+  greedy and sampled answers. The answers go to `folder` batch by batch; calling again with the
+  same settings generates only the missing ones (other settings raise, naming the difference).
+  `fingerprint` names the target's weights (e.g. teacher_cache.params_fingerprint).
+  """
+  if isinstance(prompts, str) or not prompts:
+    raise ValueError("prompts must be a non-empty list of strings")
+  temperatures = tuple(float(t) for t in temperatures)
+  if not temperatures or min(temperatures) < 0:
+    raise ValueError(f"temperatures must be a non-empty list of values >= 0, got {temperatures}")
+  folder = pathlib.Path(folder)
+  folder.mkdir(parents=True, exist_ok=True)
+  meta = {"format": FORMAT, "max_new_tokens": max_new_tokens, "temperatures": list(temperatures),
+          "seed": seed, "fingerprint": fingerprint, "vocab_size": config.vocab_size}
+  old = read_json_object(folder / _META, missing={})
+  diffs = [f"{k}: {old[k]!r} there, {v!r} now" for k, v in meta.items() if old and old.get(k) != v]
+  if diffs:
+    raise ValueError(f"answers folder {folder} was made with other settings ({'; '.join(diffs)});"
+                     " use another folder or delete it")
+  if not old:
+    write_json_atomic(folder / _META, meta)
+  done = _read_lines(folder / _LINES)
+  keys = [_key(p, temperatures[i % len(temperatures)]) for i, p in enumerate(prompts)]
+  todo = sorted({k: i for i, k in enumerate(keys) if k not in done}.values(),
+                key=lambda i: len(prompts[i]))  # similar lengths batch together
+  chunk = batch_size * 4  # a few batches per flush: little lost when stopped
+  key = jax.random.key(seed)
+  with open(folder / _LINES, "a", encoding="utf-8") as out:
+    bar = tqdm(total=len(todo), desc="self-distill answers", unit="prompt", disable=None)
+    for lo in range(0, len(todo), chunk):
+      part = todo[lo:lo + chunk]
+      for temperature in temperatures:
+        rows = [i for i in part if temperatures[i % len(temperatures)] == temperature]
+        if not rows:
+          continue
+        ids = data.self_distill(params, config, tokenizer, [prompts[i] for i in rows],
+                                max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                sampling=SamplingConfig(temperature=temperature),
+                                key=jax.random.fold_in(key, hash_index(keys[rows[0]])))
+        for i, seq in zip(rows, ids):
+          done[keys[i]] = seq
+          out.write(json.dumps({"key": keys[i], "ids": seq}) + "\n")
+      out.flush()
+      bar.update(len(part))
+    bar.close()
+  return [done[k] for k in keys]
+
+
+def _key(prompt: str, temperature: float) -> str:
+  return hashlib.blake2b(f"{temperature}\0{prompt}".encode(), digest_size=12).hexdigest()
+
+
+def hash_index(key: str) -> int:
+  """A batch's sampling stream, fixed by its first prompt (the same on a resumed run)."""
+  return int(key[:7], 16)
+
+
+def _read_lines(path: pathlib.Path) -> dict[str, list[int]]:
+  """key -> ids of every complete line (a line cut short by a stop is dropped and redone)."""
+  done = {}
+  if path.is_file():
+    for line in path.read_text(encoding="utf-8").splitlines():
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      done[row["key"]] = row["ids"]
+  return done
+
+
+def read_prompts_file(path: str | pathlib.Path) -> tuple[list[str], list[str]]:
+  """(prompts, texts) of a .jsonl file: {"prompt": str} lines are answered, {"text": str} lines
+  are used as they stand."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"prompts file not found: {path}")
+  found: dict[str, list[str]] = {"prompt": [], "text": []}
+  for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}:{n}: not valid JSON: {e}") from e
+    kinds = [k for k in found if isinstance(row, dict) and isinstance(row.get(k), str)]
+    if len(kinds) != 1 or not row[kinds[0]]:
+      raise ValueError(f"{path}:{n}: each line needs one non-empty string field, 'prompt' or "
+                       f"'text', got {line[:80]!r}")
+    found[kinds[0]].append(row[kinds[0]])
+  if not found["prompt"] and not found["text"]:
+    raise ValueError(f"{path} holds no prompts")
+  return found["prompt"], found["text"]
+
+
+def token_rows(cfg: Any, model: Any, folder: str | pathlib.Path,
+               fingerprint: str = "") -> tuple[np.ndarray, np.ndarray]:
+  """(train, held-out) rows [n, seq_len] for an experiment's DataConfig.
+
+  corpus "code": stdlib files split by path. "self-distill": the target's answers to the
+  training prompts (held out: answers to the held-out split's prompts, or, with a prompts file,
+  its last heldout_fraction of lines). "mixed": code_fraction of the rows from code, the rest
+  self-distilled. Answers are cached under folder/answers_<split>.
+  """
+  tok = model.tokenizer
+  code = _code_rows(cfg, tok) if cfg.corpus != "self-distill" else None
+  if cfg.corpus == "code":
+    return code
+  n_code = round(cfg.rows * cfg.code_fraction) if cfg.corpus == "mixed" else 0
+  rows = []
+  for split, want in (("train", cfg.rows - n_code), ("heldout", cfg.heldout_rows)):
+    asked, texts = _prompts(cfg, split)
+    docs = [tok.encode(t) for t in texts]
+    if asked:
+      docs += answers(pathlib.Path(folder) / f"answers_{split}", model.params, model.config, tok,
+                      asked, max_new_tokens=cfg.answer_tokens, temperatures=cfg.temperatures,
+                      batch_size=cfg.generate_batch, fingerprint=fingerprint)
+    order = np.random.default_rng(0).permutation(len(docs))  # sources interleave in the rows
+    rows.append(data.pack_ids([docs[i] for i in order], cfg.seq_len, sep=tok.eos_id,
+                              max_rows=want))
+  if n_code:
+    rows[0] = np.concatenate([rows[0], code[0][:n_code]])
+  return rows[0], rows[1]
+
+
+def _code_rows(cfg: Any, tok: Any) -> tuple[np.ndarray, np.ndarray]:
+  train_files, held_files = data.split_files(data.stdlib_files(cfg.files), cfg.heldout_fraction)
+  pack = lambda files, rows: data.pack_sequences(tok, data.read_texts(files), cfg.seq_len,
+                                                 max_rows=rows)
+  return pack(train_files, cfg.rows), pack(held_files, cfg.heldout_rows)
+
+
+def _prompts(cfg: Any, split: str) -> tuple[list[str], list[str]]:
+  """(prompts to answer, texts as they stand) of one split."""
+  if cfg.prompts_file is None:
+    # Held out: enough prompts for heldout_rows (an answer with its prompt is >= ~100 tokens).
+    n = cfg.prompts if split == "train" else -(-cfg.heldout_rows * cfg.seq_len // 100)
+    return prompt_sources.mixture(split)[:n], []
+  asked, texts = read_prompts_file(cfg.prompts_file)
+  cut = lambda xs: (xs[:len(xs) - round(len(xs) * cfg.heldout_fraction)] if split == "train"
+                    else xs[len(xs) - round(len(xs) * cfg.heldout_fraction):])
+  asked, texts = cut(asked), cut(texts)
+  return asked[:cfg.prompts] if split == "train" else asked, texts
