@@ -1,12 +1,13 @@
-"""Distill a 6-layer draft (cut from SmolLM2-135M's layers) with forward KL on stdlib code."""
+"""Distill a 6-layer draft (cut from SmolLM2-135M's layers) with forward KL, on the shared
+recipe's data (configs/smollm2_recipe.py: the target's own answers plus stdlib code)."""
+from speculax.configs import smollm2_recipe as recipe
 from speculax.train.distill import DistillConfig
-from speculax.train.experiment import DataConfig, DistillExperiment
-from speculax.train.optim import OptimConfig
+from speculax.train.experiment import DistillExperiment
 
 EXPERIMENT = DistillExperiment(
     name="distill-smollm2-fkl",
     draft_layers=(0, 6, 12, 18, 24, 29),
-    data=DataConfig(files=300, seq_len=256, rows=512, heldout_rows=32, top_k=32),
+    data=recipe.DATA, teacher_dir=recipe.TEACHER_DIR,
     distill=DistillConfig(divergence="fkl", batch_size=8,
-                          optim=OptimConfig(learning_rate=3e-4, warmup_steps=20, total_steps=300)),
+                          optim=recipe.optim(300, learning_rate=3e-4)),
 )

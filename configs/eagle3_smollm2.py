@@ -3,8 +3,9 @@ training-time-test rollouts on the drafter's own features. Output in runs/eagle3
 import dataclasses
 
 from speculax.configs.eagle_smollm2 import EXPERIMENT as EAGLE
+from speculax.configs.smollm2_recipe import VOCAB_TRIM
 from speculax.drafters.eagle import Eagle
 
 EXPERIMENT = dataclasses.replace(
     EAGLE, name="eagle3-smollm2",
-    distill=dataclasses.replace(EAGLE.distill, drafter=Eagle.eagle3(30)))
+    distill=dataclasses.replace(EAGLE.distill, drafter=Eagle.eagle3(30, vocab_trim=VOCAB_TRIM)))

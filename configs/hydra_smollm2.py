@@ -6,9 +6,11 @@ log-probs (the teacher-distillation objective). Output in runs/hydra-smollm2, fo
 import dataclasses
 
 from speculax.configs.medusa_smollm2 import EXPERIMENT as MEDUSA
+from speculax.configs.smollm2_recipe import VOCAB_TRIM
 from speculax.drafters.hydra import Hydra
 
 EXPERIMENT = dataclasses.replace(
     MEDUSA, name="hydra-smollm2",
     distill=dataclasses.replace(MEDUSA.distill,
-                                drafter=Hydra(4, prefix_attention=True, mlp_layers=4)))
+                                drafter=Hydra(4, prefix_attention=True, mlp_layers=4,
+                                              vocab_trim=VOCAB_TRIM)))

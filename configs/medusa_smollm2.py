@@ -1,17 +1,17 @@
-"""Train 4 Medusa heads on SmolLM2-135M (frozen) with forward KL, on stdlib code.
+"""Train 4 Medusa heads on SmolLM2-135M (frozen) with forward KL, by the shared recipe
+(configs/smollm2_recipe.py: the target's own answers plus stdlib code, VocabTrim 16384).
 
 The heads read the target's final-normed features from the teacher cache, so training never
 runs the target; the run ends with drafter.json + drafter_params in runs/medusa-smollm2, for
 `speculax generate --drafter medusa --heads runs/medusa-smollm2 -k 4 [--tree full:3,2,1]`.
 """
+from speculax.configs import smollm2_recipe as recipe
 from speculax.drafters.medusa import Medusa
-from speculax.train.experiment import DataConfig, DistillExperiment
+from speculax.train.experiment import DistillExperiment
 from speculax.train.heads import HeadsConfig
-from speculax.train.optim import OptimConfig
 
 EXPERIMENT = DistillExperiment(
-    name="medusa-smollm2",
-    data=DataConfig(files=300, seq_len=256, rows=512, heldout_rows=32, top_k=32),
-    distill=HeadsConfig(Medusa(4), divergence="fkl", batch_size=8,
-                        optim=OptimConfig(learning_rate=1e-3, warmup_steps=20, total_steps=300)),
-)
+    name="medusa-smollm2", data=recipe.DATA, teacher_dir=recipe.TEACHER_DIR,
+    distill=HeadsConfig(Medusa(4, vocab_trim=recipe.VOCAB_TRIM), divergence="fkl", batch_size=8,
+                        optim=recipe.optim(600)),
+    checkpoint_every=50, eval_every=100)

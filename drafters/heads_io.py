@@ -3,8 +3,10 @@
 
   <folder>/drafter.json    the drafter's kind (its registry name) and constructor fields (not
                            its tree: a decode-time choice), the target it was trained on (preset
-                           name, architecture), the training step
-  <folder>/drafter_params  its params at that step (models/checkpoints.py, one orbax step)
+                           name, architecture), the training step, the stored dtype, the
+                           VocabTrim size it was trained with (if any)
+  <folder>/drafter_params  its params at that step (models/checkpoints.py, one orbax step),
+                           float32 or, to ship small, bfloat16 (loaded back as float32)
   <folder>/vocab_ids.npy   the target's tokens by frequency on the training corpus, most
                            frequent first ([v] int32): VocabTrim keeps a prefix of it
                            (drafters/vocab_trim.py)
@@ -35,21 +37,23 @@ DECODE_FIELDS = ("tree", "vocab_trim", "exit_threshold")
 
 
 def save_drafter(folder: str | os.PathLike, drafter, params, target: str,
-                 target_config: LlamaConfig, step: int,
-                 vocab_ids: np.ndarray | None = None) -> pathlib.Path:
-  """Writes the params (unless that step is already there), the frequency order `vocab_ids`
-  if given, then drafter.json; returns it."""
+                 target_config: LlamaConfig, step: int, vocab_ids: np.ndarray | None = None,
+                 dtype: str = "float32") -> pathlib.Path:
+  """Writes the params (unless that step is already there) with their floats in `dtype`, the
+  frequency order `vocab_ids` if given, then drafter.json; returns it."""
   folder = pathlib.Path(folder)
+  if dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
   if vocab_ids is not None:
     vocab_trim.check_order(vocab_ids, target_config.vocab_size, 1)
   with Checkpointer(folder / PARAMS, every=1, keep=1, async_save=False) as ck:
     if ck.latest_step() != step:
-      ck.save(step, params, force=True)
+      ck.save(step, _floats_as(params, dtype), force=True)
   if vocab_ids is not None:
     np.save(folder / ORDER, np.asarray(vocab_ids, np.int32))
   spec = {"format": FORMAT, "kind": drafter.name, "fields": _fields(drafter),
           "target": {"name": target, "config": _json(target_config.architecture())},
-          "step": step}
+          "step": step, "dtype": dtype}
   if getattr(drafter, "vocab_trim", 0):  # trained on the kept ids only: served so by default
     if vocab_ids is None:
       raise ValueError(f"{drafter.name} with vocab_trim={drafter.vocab_trim} needs its vocab_ids")
@@ -92,7 +96,8 @@ def load_drafter(folder: str | os.PathLike, cls: type, target_config: LlamaConfi
   drafter = cls(**fields, tree=tree)
   like = jax.eval_shape(lambda key: drafter.init_params(target_config, key), jax.random.key(0))
   with Checkpointer(folder / PARAMS, every=1, keep=1, async_save=False) as ck:
-    params = ck.restore(spec["step"], like=like)
+    params = ck.restore(spec["step"], like=_floats_as(like, spec.get("dtype", "float32")))
+  params = _floats_as(params, "float32")
   if (folder / ORDER).is_file():
     order = vocab_trim.check_order(np.load(folder / ORDER), target_config.vocab_size, 1,
                                    where=str(folder / ORDER))
@@ -102,6 +107,17 @@ def load_drafter(folder: str | os.PathLike, cls: type, target_config: LlamaConfi
                            spec["vocab_trim"], where=str(folder / ORDER))
     drafter = dataclasses.replace(drafter, vocab_trim=spec["vocab_trim"])
   return drafter, params
+
+
+def _floats_as(tree, dtype: str):
+  """Every floating leaf (arrays or ShapeDtypeStructs) in `dtype`; others as they are."""
+  def cast(x):
+    if not jax.numpy.issubdtype(x.dtype, jax.numpy.floating):
+      return x
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(x.shape, dtype)
+    return x.astype(dtype)
+  return jax.tree.map(cast, tree)
 
 
 def _json(value):

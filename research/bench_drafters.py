@@ -1,26 +1,27 @@
-"""Every drafter of the framework on SmolLM2-135M: train-free, a separate draft model, Medusa,
-Hydra (and Hydra++), EAGLE (chain, EAGLE-2 dynamic tree), EAGLE-3, with and without SpecDec++
-adaptive draft length.
+"""Every drafter of the framework on SmolLM2-135M, on held-out prompts of two kinds, against
+autoregressive decoding in the same process.
 
-The head drafters first train here (self-distillation on cached target features of stdlib code,
-the same small budget each: `--train-steps` updates of `--batch` rows of `--seq-len` tokens;
-`runs/bench_drafters/<name>` keeps them, so a rerun only decodes). Then every method decodes
-held-out HumanEval prompts (those after the first 4, which calibrate nothing here but keep the
-prompts apart from the other benches' calibration), greedy and at temperature 1, at batch 1 and
-batch 8, exactly N new tokens (EOS off). Reports tau, acceptance by position, draft tokens the
-target checked per step (adaptive length drafts fewer than k), tokens/s, speedup
-over our autoregressive decoding at the same batch and temperature, speedup/tau, the drafter's
-parameter count and its training cost. Writes results/bench_drafters.json and .png.
+Suites: "humaneval" (HumanEval prompts after the first 4, chat-wrapped) and "chat" (the
+held-out split of train/prompts.chat_prompts: everyday questions on subjects no training prompt
+has). Methods: autoregressive, prompt lookup, layer skip (the SWIFT-style searched set, plain,
+with Kangaroo early exit, with VocabTrim), and each trained drafter found under --drafters-dir
+(<name>-smollm2: the distilled draft model, Medusa, Hydra++, EAGLE, EAGLE-3; train them with
+research/train_drafters.py) as trained (VocabTrim as trained), with the full vocabulary, and
+drafting a tree. Each runs greedy and at temperature 1, at batch 1 (prompts one at a time) and
+batch 8, exactly N new tokens (EOS off), compile time apart.
 
-  .venv/bin/python -m speculax.research.bench_drafters [--train-steps 60] [--prompts 8] [--new-tokens 48]
-  # a subset, e.g. adaptive length against fixed k across stop thresholds:
-  .venv/bin/python -m speculax.research.bench_drafters --drafters eagle3 --eagle3-k 1,2,4 \
-      --stop-thresholds 0.3,0.5,0.7 --results results/bench_adaptive.json
+Reported per row: tau, acceptance by position, draft tokens checked per step, tokens/s, x AR,
+speedup/tau, greedy rows identical to AR's, and at batch 1 where a step's time goes, in
+one-token target forwards: the verify forward (measured alone for that many tokens) and the
+rest (drafting and the loop's own work). Writes results/bench_drafters.json and .png.
+
+  .venv/bin/python -m speculax.research.bench_drafters [--prompts 3] [--new-tokens 48]
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import pathlib
 import time
@@ -28,179 +29,155 @@ import time
 import jax
 
 from speculax.core.sampling import SamplingConfig
-from speculax.core.trees import DynamicTree
+from speculax.core.trees import DynamicTree, StaticTree
 from speculax.decode.config import SpecConfig
-from speculax.drafters import registry
-from speculax.drafters.eagle import Eagle
-from speculax.drafters.hydra import Hydra
-from speculax.drafters.medusa import Medusa
+from speculax.drafters import registry, vocab_trim
 from speculax.models.assets import humaneval_prompts
 from speculax.models.load import load
+from speculax.research.bench_self_speculation import verify_cost
 from speculax.research.common import machine, plot_tau_speedup, run_prompts, table
-from speculax.train.experiment import DataConfig, DistillExperiment, run
-from speculax.train.heads import HeadsConfig
-from speculax.train.optim import OptimConfig
+from speculax.train import prompts as prompt_sources
 
 RESULTS = pathlib.Path("results/bench_drafters.json")
-DRAFTERS = ("prompt-lookup", "token-recycling", "layer-skip", "draft-model", "medusa", "hydra",
-            "hydra++", "eagle", "eagle3")  # --drafters picks among these (eagle: EAGLE and EAGLE-2)
-TREE = DynamicTree(width=4, depth=5, children=4)  # EAGLE-2's tree: 20 nodes
+TRAINED = {"draft-model": "distill-smollm2-fkl", "medusa": "medusa-smollm2",
+           "hydra": "hydra-smollm2", "eagle": "eagle-smollm2", "eagle3": "eagle3-smollm2"}
+# The tree each kind drafts in the "tree" rows: EAGLE-2's dynamic tree for the drafters that
+# score a path as they grow it, Medusa's sparse static tree for the heads.
+TREES = {"draft-model": DynamicTree(4, 5, 4), "eagle": DynamicTree(4, 5, 4),
+         "medusa": StaticTree.full((3, 2, 1)), "hydra": StaticTree.full((3, 2, 1))}
 
 
-def _heads(n_layers: int) -> dict:
-  """name -> the head drafter trained under that name."""
-  return {"medusa": Medusa(4), "hydra": Hydra(4), "hydra++": Hydra(4, prefix_attention=True),
-          "eagle": Eagle(), "eagle3": Eagle.eagle3(n_layers)}
+def suites(model, n: int, batch: int) -> dict[str, list[list[int]]]:
+  """suite -> chat-templated prompt ids: max(n, batch) prompts."""
+  tok = model.tokenizer
+  want = max(n, batch)
+  texts = {"humaneval": humaneval_prompts(4 + want)[4:],
+           "chat": prompt_sources.chat_prompts("heldout")[:want]}
+  return {name: [tok.encode(tok.chat_prompt(t)) for t in ts] for name, ts in texts.items()}
 
 
-def _train(model, args) -> dict:
-  """name -> (folder, training seconds, updates, held-out metrics after training): trains what
-  is not trained yet."""
-  data = DataConfig(files=args.files, seq_len=args.seq_len, rows=args.rows, heldout_rows=16,
-                    top_k=32)
-  optim = OptimConfig(learning_rate=args.lr, warmup_steps=max(args.train_steps // 10, 1),
-                      total_steps=args.train_steps)
-  out = {}
-  for name, drafter in _heads(model.config.n_layers).items():
-    if name not in args.drafters:
+def methods(model, args) -> dict:
+  """name -> (drafter, params, k); None = autoregressive."""
+  cfg, params = model.config, model.params
+  out = {"autoregressive": (None, None, args.k),
+         "prompt lookup": (*registry.make("prompt-lookup", params, cfg), args.k)}
+  calibration = [model.tokenizer.encode(model.tokenizer.chat_prompt(p))
+                 for p in humaneval_prompts(4)]
+  skip, _ = registry.make("layer-skip", params, cfg, calibration=calibration, k=args.skip_k)
+  name = f"layer skip ({cfg.n_layers - len(skip.keep)} layers)"
+  out[name] = (skip, None, args.skip_k)
+  out[f"{name} + exit {args.exit}"] = (dataclasses.replace(skip, exit_threshold=args.exit), None,
+                                        args.skip_k)
+  order = None
+  for kind, folder in TRAINED.items():
+    path = args.drafters_dir / folder
+    if not path.is_dir():
+      print(f"no {kind} at {path}: its rows are left out (research/train_drafters.py --ship)")
       continue
-    exp = DistillExperiment(name=name, data=data, out_dir=args.out_dir,
-                            teacher_dir=f"{args.out_dir}/teacher",
-                            distill=HeadsConfig(drafter, batch_size=args.batch, optim=optim),
-                            checkpoint_every=args.train_steps, log_every=10,
-                            eval_every=args.train_steps)
-    # A rerun with more --train-steps resumes the checkpoint: the cost adds up across runs.
-    cost = exp.folder / "train_seconds.json"
-    spent = json.loads(cost.read_text()) if cost.exists() else {"seconds": 0.0}
-    t = time.perf_counter()
-    result = run(exp, model=model)
-    if result["steps"] != spent.get("steps"):  # it trained: add to earlier runs' time
-      spent = {"seconds": spent["seconds"] + time.perf_counter() - t, "steps": result["steps"]}
-      cost.write_text(json.dumps(spent))
-    seconds = spent["seconds"]
-    print(f"trained {name}: held-out acceptance {result['heldout_acceptance_before']:.3f} -> "
-          f"{result['heldout_acceptance_after']:.3f} in {seconds:.0f} s", flush=True)
-    out[name] = (result["drafter"], seconds, result["steps"], result["heldout_after"])
+    drafter, dparams = registry.load(path, model)
+    order = dparams.get(vocab_trim.IDS, order)
+    trim = f", VocabTrim {drafter.vocab_trim}" if drafter.vocab_trim else ""
+    ks = args.eagle3_k if kind == "eagle3" else (args.k,)
+    for k in ks:
+      out[f"{kind} k={k}{trim}"] = (drafter, dparams, k)
+    if drafter.vocab_trim:
+      out[f"{kind} k={ks[0]}, full vocabulary"] = (
+          dataclasses.replace(drafter, vocab_trim=cfg.vocab_size), dparams, ks[0])
+    tree = TREES.get(kind if kind != "eagle3" else "eagle")
+    if tree is not None:
+      out[f"{kind} tree ({tree.n_nodes} nodes){trim}"] = (
+          dataclasses.replace(drafter, tree=tree), dparams, args.k)
+  if order is not None:  # the recipe corpus's frequency order, shared by the trained drafters
+    out[f"{name} + VocabTrim {args.trim}"] = (
+        dataclasses.replace(skip, vocab_trim=args.trim), {vocab_trim.IDS: order}, args.skip_k)
   return out
 
 
-def _heldout(trained) -> dict:
-  """name -> training cost and held-out metrics; prints held-out 1 - TV (top-1 agreement) per
-  draft depth."""
-  heldout = {name: dict(train_s=t[1], train_updates=t[2], **t[3]) for name, t in trained.items()}
-  depths = max((int(k.split("depth")[1]) for m in heldout.values() for k in m if "depth" in k),
-               default=0)
-  print(table(["drafter", "training s (updates)"] + [f"depth {j}" for j in range(1, depths + 1)],
-              [[name, f"{m['train_s']:.0f} ({m['train_updates']})"]
-               + [f"{m[f'acceptance/depth{j}']:.3f} ({m[f'top1/depth{j}']:.2f})"
-                  if f"acceptance/depth{j}" in m else "-" for j in range(1, depths + 1)]
-               for name, m in heldout.items()]))
-  return heldout
+@functools.cache
+def _verify_cost(model, n_tokens: int) -> float:
+  return verify_cost(model, n_tokens - 1)
 
 
-def _methods(model, trained, args):
-  """name -> (drafter, params, k, training s, updates); None drafter = autoregressive."""
-  cfg, params = model.config, model.params
-  n_params = lambda p: sum(x.size for x in jax.tree.leaves(p)) if p is not None else 0
-  want = args.drafters
-  methods = {"autoregressive": (None, None, args.k, 0, 0)}
-  for name in ("prompt-lookup", "token-recycling"):
-    if name in want:
-      methods[name] = (*registry.make(name, params, cfg), args.k, 0, 0)
-  if "layer-skip" in want:
-    methods["layer-skip"] = (registry.make("layer-skip", params, cfg, skip=(14,))[0], None,
-                             args.k, 0, 0)
-  if "draft-model" in want:
-    dm, dp = registry.make("draft-model", params, cfg, draft_layers=4)
-    methods["draft-model (4-layer cut, untrained)"] = (dm, dp, args.k, 0, 0)
-  for name, (folder, seconds, updates, _) in trained.items():
-    d, p = registry.load(folder, cfg)  # one load serves every k and threshold
-    for k in args.eagle3_k if name == "eagle3" else (args.k,):
-      methods[f"{name} k={k}"] = (d, p, k, seconds, updates)
-    if name == "eagle":
-      methods["eagle-2 dynamic tree"] = (*registry.load(folder, cfg, TREE), args.k, seconds,
-                                         updates)
-    if name.startswith("eagle"):
-      for t in args.stop_thresholds:
-        methods[f"{name} adaptive (p>{t}, k<={args.max_k})"] = (
-            dataclasses.replace(d, stop_threshold=t), p, args.max_k, seconds, updates)
-  return {name: (*m[:3], n_params(m[1]), *m[3:]) for name, m in methods.items()}
+def _checked(drafter, k: int) -> int:
+  """Tokens one verify forward scores per sequence: the drafts and the pending token."""
+  tree = getattr(drafter, "tree", None)
+  return (tree.n_nodes if tree is not None else k) + 1
 
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--prompts", type=int, default=8, help="HumanEval prompts after the first 4")
-  ap.add_argument("--batch1-prompts", type=int, default=2,
-                  help="how many of them run one at a time (batch 1)")
+  ap.add_argument("--suites", default="humaneval,chat")
+  ap.add_argument("--prompts", type=int, default=3, help="prompts per suite at batch 1")
   ap.add_argument("--new-tokens", type=int, default=48)
-  ap.add_argument("--batch-sizes", default="1,8", help="1: prompts one at a time; 8: 8 at once")
-  ap.add_argument("-k", type=int, default=4, help="chain length (Medusa/Hydra have 4 heads)")
-  ap.add_argument("--eagle3-k", default="2,4,6", help="fixed chain lengths for EAGLE-3")
-  ap.add_argument("--max-k", type=int, default=8, help="adaptive length: most drafts per step")
-  ap.add_argument("--stop-thresholds", default="0.5",
-                  help="adaptive length: stop once P(some draft rejected) passes this (a row each)")
-  ap.add_argument("--drafters", default=",".join(DRAFTERS),
-                  help=f"which to run, from {','.join(DRAFTERS)} (autoregressive always runs)")
+  ap.add_argument("--batch-sizes", default="1,8")
+  ap.add_argument("--sampling", default="greedy,t=1")
+  ap.add_argument("-k", type=int, default=4, help="chain length of the trained drafters")
+  ap.add_argument("--eagle3-k", default="2,4")
+  ap.add_argument("--skip-k", type=int, default=5, help="chain length of layer skip")
+  ap.add_argument("--exit", type=float, default=0.5, help="layer skip's early-exit threshold")
+  ap.add_argument("--trim", type=int, default=16384, help="layer skip's VocabTrim size")
+  ap.add_argument("--drafters-dir", type=pathlib.Path, default=pathlib.Path("results/drafters"))
+  ap.add_argument("--only", default="", help="comma-separated name prefixes of methods to run")
   ap.add_argument("--results", default=str(RESULTS), help="JSON to write (and a .png beside it)")
-  ap.add_argument("--train-steps", type=int, default=60)
-  ap.add_argument("--batch", type=int, default=4, help="training rows per update")
-  ap.add_argument("--seq-len", type=int, default=128)
-  ap.add_argument("--rows", type=int, default=256)
-  ap.add_argument("--files", type=int, default=80)
-  ap.add_argument("--lr", type=float, default=1e-3)
-  ap.add_argument("--out-dir", default="runs/bench_drafters")
   args = ap.parse_args()
   args.eagle3_k = tuple(int(x) for x in args.eagle3_k.split(","))
-  args.batch_sizes = tuple(int(x) for x in args.batch_sizes.split(","))
-  args.stop_thresholds = tuple(float(x) for x in args.stop_thresholds.split(","))
-  args.drafters = tuple(args.drafters.split(","))
-  if unknown := set(args.drafters) - set(DRAFTERS):
-    ap.error(f"unknown --drafters {sorted(unknown)}; known: {', '.join(DRAFTERS)}")
+  batch_sizes = tuple(int(x) for x in args.batch_sizes.split(","))
   results = pathlib.Path(args.results)
-
+  t0 = time.perf_counter()
   model = load("smollm2-135m")
-  tok = model.tokenizer
-  prompts = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(4 + args.prompts)[4:]]
-  trained = _train(model, args)
-  methods = _methods(model, trained, args)
-  heldout = _heldout(trained)
+  prompt_sets = suites(model, args.prompts, max(batch_sizes))
+  prompt_sets = {s: prompt_sets[s] for s in args.suites.split(",")}
+  found = methods(model, args)
+  if args.only:
+    keep = tuple(args.only.split(","))
+    found = {n: m for n, m in found.items() if n == "autoregressive" or n.startswith(keep)}
+  samplings = {"greedy": SamplingConfig(), "t=1": SamplingConfig(temperature=1.0)}
   rows = []
-  for batch in args.batch_sizes:
-    chunk = prompts[:args.batch1_prompts] if batch == 1 else prompts[:batch]
-    for temp, sampling in (("greedy", SamplingConfig()), ("t=1", SamplingConfig(temperature=1.0))):
-      base = None
-      for name, (drafter, dparams, k, size, seconds, updates) in methods.items():
-        spec = SpecConfig(k=k, max_new_tokens=args.new_tokens, sampling=sampling)
-        tok_s, tau, acceptance, drafts, compile_s = run_prompts(
-            model, chunk, drafter, dparams, spec, batch, hot=name == "token-recycling")
-        base = base or tok_s
-        rows.append(dict(method=name, batch=batch, sampling=temp, panel=f"batch {batch}, {temp}",
-                         tau=tau, acceptance=acceptance, drafts_per_step=drafts,
-                         tokens_per_s=tok_s, speedup=tok_s / base,
-                         speedup_per_tau=tok_s / base / tau, params_m=size / 1e6,
-                         train_s=seconds, train_updates=updates, compile_s=compile_s))
-        print(f"batch {batch} {temp} {name}: tau {tau:.2f}, {tok_s:.1f} tok/s, "
-              f"x{tok_s / base:.2f}", flush=True)
-        # Each row compiles its own loops; dropping them keeps a long run under the kernel's
-        # memory-map limit (an XLA:CPU executable holds ~3 maps; the last run died there).
-        jax.clear_caches()
-        # Written after every row: a run cut short keeps what it measured.
-        results.parent.mkdir(parents=True, exist_ok=True)
-        results.write_text(json.dumps(dict(machine=machine(), args=vars(args), heldout=heldout,
-                                           rows=rows), indent=1))
-  print(f"\nSmolLM2-135M fp32, {args.new_tokens} new tokens (EOS off), HumanEval prompts 5.. "
-        f"(chat): batch 1 = the first {args.batch1_prompts} one at a time, batch 8 = 8 at once "
-        f"(batch sizes run: {args.batch_sizes}); "
-        f"chains k={args.k}; heads trained {args.train_steps} updates x {args.batch} rows x "
-        f"{args.seq_len} tokens (fkl, lr {args.lr}); adaptive stop thresholds "
-        f"{args.stop_thresholds}; {machine()}\n")
-  acc = lambda a: " ".join(f"{x:.2f}" for x in a) or "-"
-  print(table(["batch", "sampling", "method", "tau", "acceptance by position", "drafts/step",
-               "tok/s", "x AR", "speedup/tau", "params (M)", "training s (updates)"],
-              [[r["batch"], r["sampling"], r["method"], r["tau"], acc(r["acceptance"]),
-                r["drafts_per_step"], r["tokens_per_s"], r["speedup"], r["speedup_per_tau"],
-                r["params_m"], f"{r['train_s']:.0f} ({r['train_updates']})"] for r in rows]))
+  for suite, ids in prompt_sets.items():
+    for batch in batch_sizes:
+      chunk = ids[:args.prompts] if batch == 1 else ids[:batch]
+      for temp in args.sampling.split(","):
+        base = reference = ar_step = None
+        for name, (drafter, dparams, k) in found.items():
+          spec = SpecConfig(k=k, max_new_tokens=args.new_tokens, sampling=samplings[temp])
+          r = run_prompts(model, chunk, drafter, dparams, spec, batch)
+          base, reference = base or r.tokens_per_s, reference or r.tokens
+          row = dict(method=name, suite=suite, batch=batch, sampling=temp,
+                     panel=f"{suite}, batch {batch}, {temp}", tau=r.tau,
+                     acceptance=r.acceptance, drafts_per_step=r.drafts_per_step,
+                     tokens_per_s=r.tokens_per_s, speedup=r.tokens_per_s / base,
+                     speedup_per_tau=r.tokens_per_s / base / r.tau, compile_s=r.compile_s,
+                     same_as_ar=sum(a == b for a, b in zip(r.tokens, reference)),
+                     sequences=len(r.tokens))
+          if drafter is None:
+            ar_step = r.decode_s / r.steps  # s per one-token forward (and loop) at this batch
+          elif batch == 1:  # where a step goes, in one-token forwards
+            per_step = r.decode_s / r.steps / ar_step
+            verify = _verify_cost(model, _checked(drafter, k))
+            row |= dict(step_cost=per_step, verify_cost=verify, draft_cost=per_step - verify)
+          rows.append(row)
+          print(f"{suite} b{batch} {temp} {name}: tau {r.tau:.2f}, {r.tokens_per_s:.1f} tok/s, "
+                f"x{row['speedup']:.2f}" + (f", same as AR {row['same_as_ar']}/{len(r.tokens)}"
+                                            if temp == "greedy" else ""), flush=True)
+          jax.clear_caches()  # each row compiles its own loops (memory-map limit on long runs)
+          results.parent.mkdir(parents=True, exist_ok=True)
+          results.write_text(json.dumps(dict(machine=machine(), args=vars(args) | {
+              "drafters_dir": str(args.drafters_dir)}, rows=rows), indent=1))
+  print(f"\nSmolLM2-135M fp32, {args.new_tokens} new tokens (EOS off); batch 1 = {args.prompts} "
+        f"prompts one at a time, batch 8 = 8 at once; {machine()}; "
+        f"{time.perf_counter() - t0:.0f} s\n")
+  acc = lambda a: " ".join(f"{x:.2f}" for x in a[:6]) or "-"
+  cost = lambda r: (f"{r['draft_cost']:.2f} + {r['verify_cost']:.2f}" if "step_cost" in r
+                    else "-")
+  print(table(["suite", "batch", "sampling", "method", "tau", "acceptance by position",
+               "drafts/step", "tok/s", "x AR", "speedup/tau", "same as AR",
+               "step = draft + verify (fwd)"],
+              [[r["suite"], r["batch"], r["sampling"], r["method"], r["tau"],
+                acc(r["acceptance"]), r["drafts_per_step"], r["tokens_per_s"], r["speedup"],
+                r["speedup_per_tau"],
+                f"{r['same_as_ar']}/{r['sequences']}" if r["sampling"] == "greedy" else "-",
+                cost(r)] for r in rows]))
   plot_tau_speedup(rows, results.with_suffix(".png"), "SmolLM2-135M",
                    panels=tuple(dict.fromkeys(r["panel"] for r in rows)), key="panel")
   print(f"\nwrote {results} and {results.with_suffix('.png')}")

@@ -126,7 +126,9 @@ def main():
   spec = SpecConfig(k=args.k, max_new_tokens=args.new_tokens)
   rows, base = [], None
   for name, (drafter, dparams) in methods.items():
-    tok_s, tau, acc, checked, compile_s = run_prompts(model, prompts, drafter, dparams, spec)
+    r = run_prompts(model, prompts, drafter, dparams, spec)
+    tok_s, tau, acc, checked, compile_s = (r.tokens_per_s, r.tau, r.acceptance, r.drafts_per_step,
+                                           r.compile_s)
     base = base or tok_s
     rows.append(dict(method=name, tau=tau, acceptance=acc, drafts_per_step=checked,
                      tokens_per_s=tok_s, speedup=tok_s / base, compile_s=compile_s,

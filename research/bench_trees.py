@@ -74,8 +74,9 @@ def main():
   for temp, sampling in (("greedy", SamplingConfig()), ("t=1", SamplingConfig(temperature=1.0))):
     base = None
     for name, (drafter, dparams, memory) in methods.items():
-      tok_s, tau, acceptance, _, compile_s = run_prompts(model, prompts, drafter, dparams, SpecConfig(
+      r = run_prompts(model, prompts, drafter, dparams, SpecConfig(
           k=args.k, max_new_tokens=args.new_tokens, sampling=sampling), hot=name.endswith(" hot"))
+      tok_s, tau, acceptance, compile_s = r.tokens_per_s, r.tau, r.acceptance, r.compile_s
       base = base or tok_s
       rows.append(dict(method=name, sampling=temp, tau=tau, acceptance=acceptance,
                        tokens_per_s=tok_s, speedup=tok_s / base, speedup_per_tau=tok_s / base / tau,

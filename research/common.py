@@ -1,6 +1,7 @@
 """Shared pieces of the benchmark scripts: machine, bandwidth probe, decode runs, tables, plots."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import statistics
@@ -63,16 +64,29 @@ def hf_model():
   return model.eval()
 
 
+@dataclasses.dataclass
+class Run:
+  """Totals of one method over a prompt set."""
+  tokens_per_s: float
+  tau: float  # tokens per sequence per verify step
+  acceptance: list[float]  # share of verify steps whose draft i was kept, by position
+  drafts_per_step: float  # draft tokens the target checked per step (per sequence)
+  compile_s: float
+  steps: int  # verify steps (loop iterations; prefill not counted)
+  decode_s: float  # wall time of the decode loops (prefill apart)
+  tokens: list[list[int]]  # new tokens per prompt, in order
+
+
 def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int = 1,
-                hot: bool = False):
-  """Totals over the prompts decoded `batch` at a time: (tokens/s, tau, acceptance by depth,
-  mean draft tokens checked per step, compile s). drafter None = autoregressive. Every batch
-  compiles apart first (warmup; a no-op when its shapes were compiled already): batches in
-  another prompt-length bucket recompile.
+                hot: bool = False) -> Run:
+  """One method over the prompts decoded `batch` at a time (drafter None = autoregressive).
+  Every batch compiles apart first (warmup; a no-op when its shapes were compiled already):
+  batches in another prompt-length bucket recompile.
 
   hot: each batch starts from the drafter state the previous one ended with (as params).
   """
-  wall = tokens = row_steps = step_tokens = compile_s = accepted = drafted = 0
+  wall = n_tokens = row_steps = step_tokens = compile_s = accepted = drafted = steps = decode = 0
+  tokens = []
   for i in range(0, len(prompts) - batch + 1, batch):
     key, chunk = jax.random.key(i), prompts[i:i + batch]
     if drafter is None:
@@ -84,10 +98,13 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
         dparams = out.drafter_state
       row_steps, step_tokens = row_steps + out.row_steps, step_tokens + out.step_tokens
       accepted, drafted = accepted + out.accepted_at, drafted + out.drafted
-    wall, tokens, compile_s = wall + out.wall_s, tokens + out.new_tokens, compile_s + out.compile_s
+    wall, n_tokens, compile_s = wall + out.wall_s, n_tokens + out.new_tokens, compile_s + out.compile_s
+    steps, decode = steps + out.forwards - 1, decode + out.decode_s
+    tokens += out.tokens
   tau = step_tokens / row_steps if row_steps else 1.0
   acceptance = (np.asarray(accepted) / max(row_steps, 1)).tolist() if row_steps else []
-  return tokens / wall, tau, acceptance, drafted / max(row_steps, 1), compile_s
+  return Run(n_tokens / wall, tau, acceptance, drafted / max(row_steps, 1), compile_s, steps,
+             decode, tokens)
 
 
 def plot_tau_speedup(rows, path, title: str, panels=("greedy", "t=1"), key="sampling"):

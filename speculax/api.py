@@ -12,6 +12,7 @@ checks them), so everything here is also reachable piece by piece.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from collections.abc import Sequence
 
 import jax
@@ -29,6 +30,7 @@ from speculax.drafters.registry import LoadedDrafter
 from speculax.models.load import LoadedModel
 from speculax.models.load import load as _load
 from speculax.models.sharding import MeshConfig
+from speculax.train import corpus as corpus_lib
 from speculax.train import data, experiment
 from speculax.train.distill import DistillConfig
 from speculax.train.heads import HeadsConfig
@@ -80,29 +82,30 @@ def speculate(model: LoadedModel, prompts: Prompts,
   return _with_texts(model, out)
 
 
-def train_drafter(model: LoadedModel, drafter: Drafter | str, corpus: Sequence[str], *,
-                  steps: int = 200, seq_len: int = 256, rows: int = 512,
-                  heldout_rows: int = 32, batch_size: int = 8, learning_rate: float = 1e-3, divergence: str = "fkl",
+def train_drafter(model: LoadedModel, drafter: Drafter | str, corpus: Sequence[str] = (), *,
+                  prompts: Sequence[str] = (), answer_tokens: int = 192,
+                  temperatures: Sequence[float] = (0.0, 1.0), steps: int = 200,
+                  seq_len: int = 256, rows: int = 512, heldout_rows: int = 32,
+                  batch_size: int = 8, learning_rate: float = 1e-3, divergence: str = "fkl",
                   draft_layers: Sequence[int] = (0, 6, 12, 18, 24, 29),
                   out_dir: str = "runs", name: str | None = None) -> LoadedDrafter:
-  """Trains a drafter for `model` on a corpus of texts and returns it ready to speculate.
+  """Trains a drafter for `model` on texts and/or the model's own answers to prompts, and
+  returns it ready to speculate.
 
   drafter: a trained kind's instance (sx.drafters.Medusa(), Hydra(...), Eagle(...), on the
   target's cached features) or "draft-model" (a cut of the target's `draft_layers`, distilled).
-  Every 10th text is held out for the acceptance estimate; the texts are packed into rows of
-  `seq_len` tokens (at most `rows` for training, `heldout_rows` held out). Runs in
-  <out_dir>/<name> (a rerun resumes).
+  corpus: texts used as they stand; prompts: answered by the model first (self-distillation,
+  chat template, prompt i at temperatures[i % len], at most answer_tokens new tokens; cached in
+  the run folder). Every 10th text and every 10th prompt is held out for the acceptance
+  estimate; the rest are packed into rows of `seq_len` tokens (at most `rows` for training,
+  `heldout_rows` held out). Runs in <out_dir>/<name> (a rerun resumes).
   """
   texts = [corpus] if isinstance(corpus, str) else list(corpus)
-  if len(texts) < 2 or not all(isinstance(t, str) and t.strip() for t in texts):
-    raise ValueError(f"corpus must hold at least 2 non-empty texts (every 10th is held out), "
-                     f"got {len(texts)}")
-  held_texts, train_texts = texts[::10], [t for i, t in enumerate(texts) if i % 10]
-  train = data.pack_sequences(model.tokenizer, train_texts, seq_len, max_rows=rows)
-  held = data.pack_sequences(model.tokenizer, held_texts, seq_len, max_rows=heldout_rows)
-  if not len(train) or not len(held):
-    raise ValueError(f"the corpus fills {len(train)} training and {len(held)} held-out rows of "
-                     f"{seq_len} tokens; give more text or a shorter seq_len")
+  asked = [prompts] if isinstance(prompts, str) else list(prompts)
+  if len(texts) + len(asked) < 2 or not all(isinstance(t, str) and t.strip()
+                                            for t in texts + asked):
+    raise ValueError(f"corpus and prompts must hold at least 2 non-empty strings between them "
+                     f"(every 10th is held out), got {len(texts)} texts and {len(asked)} prompts")
   optim = OptimConfig(learning_rate=learning_rate, warmup_steps=min(20, steps // 10),
                       total_steps=steps)
   if drafter == "draft-model":
@@ -113,8 +116,20 @@ def train_drafter(model: LoadedModel, drafter: Drafter | str, corpus: Sequence[s
     raise ValueError(f"drafter must be a trained kind ({', '.join(registry.TRAINED)}) or "
                      f"'draft-model', got {drafter!r}")
   kind = drafter if isinstance(drafter, str) else drafter.name
+  name = name or f"{kind}-{model.name.replace('/', '_') or 'model'}"
+  tok = model.tokenizer
+  docs = [tok.encode(t) for t in texts]
+  if asked:
+    docs += corpus_lib.answers(pathlib.Path(out_dir) / name / "answers", model.params,
+                               model.config, tok, asked, max_new_tokens=answer_tokens,
+                               temperatures=temperatures, batch_size=batch_size)
+  sources = [len(texts), len(asked)]  # every 10th of each source held out
+  marks = [i % 10 == 0 for n in sources for i in range(n)]
+  pack = lambda held, n: data.pack_ids([d for d, h in zip(docs, marks) if h == held], seq_len,
+                                       sep=tok.eos_id, max_rows=n)
+  train, held = pack(False, rows), pack(True, heldout_rows)
   exp = experiment.DistillExperiment(
-      name=name or f"{kind}-{model.name.replace('/', '_') or 'model'}",
+      name=name,
       target=model.name or "model", draft_layers=tuple(draft_layers),
       data=experiment.DataConfig(seq_len=seq_len, rows=len(train), heldout_rows=len(held)),
       distill=distill, out_dir=out_dir, checkpoint_every=max(steps // 4, 1),

@@ -6,13 +6,17 @@ import json
 import numpy as np
 import pytest
 
-from speculax.decode.config import GenerateConfig
+import speculax as sx
+from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
+from speculax.decode.speculative import speculative_generate
+from speculax.drafters.medusa import Medusa
 from speculax.models.load import LoadedModel
 from speculax.train import corpus, data
 from speculax.train.experiment import DataConfig
 
 from test_data import tok  # noqa: F401 (fixture)
+from tiny_prompts import NEW, PROMPTS as TINY_PROMPTS
 
 PROMPTS = ["Say hi.", "Why is the sky blue?", "Continue: x = 1", "List three fruits.", "Ok?"]
 
@@ -89,3 +93,21 @@ def test_rows_of_each_corpus(tiny, tok, tmp_path):
 def test_pack_adds_no_second_separator():
   rows = data.pack_ids([[5, 6, 0], [7, 8]], 3, sep=0)
   assert rows.ravel().tolist() == [5, 6, 0, 7, 8, 0]
+
+
+def test_train_drafter_on_the_targets_own_answers(tiny, tiny_reference, tok, tmp_path):
+  cfg, params = tiny
+  model = LoadedModel(cfg, params, tok)
+  asked = [f"Question {i}: what is {i} plus {i}?" for i in range(20)]
+  medusa = sx.train_drafter(model, Medusa(2), prompts=asked, answer_tokens=6, steps=2,
+                            seq_len=16, rows=8, heldout_rows=2, batch_size=2,
+                            out_dir=str(tmp_path), name="m")
+  lines = (tmp_path / "m" / "answers" / "answers.jsonl").read_text().splitlines()
+  assert len(lines) == 20  # every prompt answered once, cached in the run folder
+  out = speculative_generate(params, cfg, TINY_PROMPTS[:2], medusa.drafter,
+                             SpecConfig(k=2, max_new_tokens=NEW), drafter_params=medusa.params)
+  assert out.tokens == tiny_reference[:2]
+  with pytest.raises(ValueError, match="at least 2 non-empty strings between them"):
+    sx.train_drafter(model, Medusa(2), prompts=["only one"], out_dir=str(tmp_path))
+  with pytest.raises(ValueError, match="drafter must be a trained kind"):
+    sx.train_drafter(model, "medusa", prompts=asked, out_dir=str(tmp_path))

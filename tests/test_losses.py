@@ -105,6 +105,10 @@ def test_reference_values(example):
   np.testing.assert_allclose(values["tvd"], np.mean(0.5 * np.abs(p - q).sum(-1)), rtol=1e-5)
   np.testing.assert_allclose(values["acceptance"], np.mean(np.minimum(p, q).sum(-1)), rtol=1e-5)
   np.testing.assert_allclose(values["acceptance"], 1.0 - values["tvd"], atol=1e-6)
+  np.testing.assert_allclose(values["lk"], -np.mean(np.log(np.minimum(p, q).sum(-1))), rtol=1e-5)
+  mixed = losses.get_divergence("lk", kl_weight=0.3)(*(jnp.asarray(ex[k], jnp.float32) for k in (
+      "teacher_logp", "student_logits", "mask")))
+  np.testing.assert_allclose(mixed, values["lk"] + 0.3 * values["fkl"], rtol=1e-5)
   ce = -np.mean(np.log([q[0, 2], q[1, 0], q[2, 1]]))
   np.testing.assert_allclose(values["ce"], ce, rtol=1e-5)
 
@@ -165,7 +169,7 @@ def test_gradients_finite_and_masked(example):
 def test_zero_when_equal():
   logits = _rand(2)
   values, grads = evaluate(_log_softmax(logits), logits)
-  for name in ("fkl", "rkl", "jsd", "jsd_beta", "tvd"):
+  for name in ("fkl", "rkl", "jsd", "jsd_beta", "tvd", "lk"):
     assert abs(values[name]) < 1e-6, name
   np.testing.assert_allclose(values["acceptance"], 1.0, rtol=1e-6)
   for name in ("fkl", "rkl", "jsd", "jsd_beta"):
@@ -265,9 +269,9 @@ def test_tvd_plus_plus_gradient_direction():
 
 def test_registry_errors(example):
   args = [jnp.asarray(example[k], jnp.float32) for k in ("teacher_logp", "student_logits")]
-  assert set(losses.DIVERGENCES) == {"fkl", "rkl", "jsd", "tvd", "tvd++"}
+  assert set(losses.DIVERGENCES) == {"fkl", "rkl", "jsd", "tvd", "tvd++", "lk"}
   assert losses.get_divergence("jsd", beta=0.2).keywords == {"beta": 0.2}
-  with pytest.raises(ValueError, match=r"'kl2'.*fkl, jsd, rkl, tvd, tvd\+\+"):
+  with pytest.raises(ValueError, match=r"'kl2'.*fkl, jsd, lk, rkl, tvd, tvd\+\+"):
     losses.get_divergence("kl2")
   with pytest.raises(ValueError, match="temperature"):
     losses.get_divergence("fkl", temperature=2.0)

@@ -167,6 +167,29 @@ def test_saved_order_round_trips_and_trims_on_load(tiny, order, tmp_path):
     registry.load(tmp_path, cfg)
 
 
+def test_bfloat16_drafters_ship_small_and_load_as_float32(tiny, order, tmp_path):
+  cfg, _ = tiny
+  heads = random_params(Medusa(3), cfg)
+  drafter = Medusa(3, vocab_trim=N)
+  for dtype in ("float32", "bfloat16"):
+    heads_io.save_drafter(tmp_path / dtype, drafter, heads, "tiny", cfg, 1, vocab_ids=order,
+                          dtype=dtype)
+  back, loaded = registry.load(tmp_path / "bfloat16", cfg)
+  assert back.vocab_trim == N  # saved trimmed: loads trimmed
+  for got, want in zip(jax.tree.leaves(without_ids(loaded)), jax.tree.leaves(heads)):
+    assert got.dtype == jnp.float32
+    np.testing.assert_array_equal(got, jnp.asarray(want).astype(jnp.bfloat16).astype(jnp.float32))
+  size = lambda d: sum(f.stat().st_size for f in (tmp_path / d / heads_io.PARAMS).rglob("*")
+                       if f.is_file())
+  assert size("bfloat16") < 0.7 * size("float32")
+  with pytest.raises(ValueError, match="dtype must be 'float32' or 'bfloat16', got 'int8'"):
+    heads_io.save_drafter(tmp_path / "x", drafter, heads, "tiny", cfg, 1, order, dtype="int8")
+
+
+def without_ids(params):
+  return {k: v for k, v in params.items() if k != vocab_trim.IDS}
+
+
 def test_bad_vocab_trim_input(tiny, order):
   cfg, params = tiny
   v = cfg.vocab_size

@@ -80,12 +80,14 @@ class DistillExperiment(Checked):
 
 
 def smoke(exp: DistillExperiment) -> DistillExperiment:
-  """A minutes-long version of an experiment (same trainer and drafter), to check the whole
-  pipeline end to end: 32 rows of 128 tokens, 12 updates, frequent checkpoints and evals."""
+  """A minutes-long version of an experiment (same trainer, drafter and corpus kind), to check
+  the whole pipeline end to end: 32 rows of 128 tokens (self-distilled from 16 prompts of 32 new
+  tokens), 12 updates, frequent checkpoints and evals, in its own folders."""
   optim = dataclasses.replace(exp.distill.optim, warmup_steps=2, total_steps=12)
   return dataclasses.replace(
-      exp, name=f"{exp.name}-smoke",
-      data=DataConfig(files=40, seq_len=128, rows=32, heldout_rows=8, top_k=32),
+      exp, name=f"{exp.name}-smoke", teacher_dir=None,
+      data=dataclasses.replace(exp.data, files=40, seq_len=128, rows=32, heldout_rows=8,
+                               prompts=16, answer_tokens=32),
       distill=dataclasses.replace(exp.distill, optim=optim),
       checkpoint_every=6, log_every=2, eval_every=6)
 

@@ -19,7 +19,7 @@ Registry calling convention (`DIVERGENCES`, `get_divergence`):
 teacher_logp are normalized log-probs (`teacher_logprobs_from_logits` for full logits,
 `teacher_logprobs_from_topk` for a cached top-k); student_logits are raw logits. Only "tvd++"
 uses `key` (it samples from the student) and raises without one. Per-divergence options
-(jsd's beta; tvd++'s n_samples, normalize) are bound with `get_divergence(name, **options)`.
+(jsd's beta; tvd++'s n_samples, normalize; lk's kl_weight) are bound with `get_divergence(name, **options)`.
 `cross_entropy` is not in the registry: it needs target tokens, not a teacher distribution.
 
 Zero probabilities: a teacher log-prob of -inf is clamped to LOG_FLOOR = log(float32 tiny)
@@ -190,6 +190,21 @@ def token_acceptance(teacher_logp: jax.Array, student_logits: jax.Array,
   return _masked_mean(jnp.sum(jnp.minimum(p, q), axis=-1), w, valid)
 
 
+def log_acceptance(teacher_logp: jax.Array, student_logits: jax.Array, mask: jax.Array, *,
+                   kl_weight: float = 0.0) -> jax.Array:
+  """-log sum min(p, q): the acceptance itself as the objective (SpecForge's LK loss), whose
+  gradient grows as acceptance falls, unlike TVD's; plus kl_weight * KL(p || q), which also
+  moves q where it already exceeds p (TV's gradient there is flat in the ordering of p)."""
+  if kl_weight < 0:
+    raise ValueError(f"lk kl_weight must be >= 0, got {kl_weight}")
+  p, logp, q, logq, _, w, valid = _prepare(teacher_logp, student_logits, mask)
+  accept = jnp.sum(jnp.minimum(p, q), axis=-1)  # [b, t]
+  per_pos = -jnp.log(jnp.maximum(accept, jnp.finfo(jnp.float32).tiny))
+  if kl_weight:
+    per_pos += kl_weight * _xlogratio(p, logp, logq)
+  return _masked_mean(per_pos, w, valid)
+
+
 def tvd_plus_plus_from_samples(teacher_logp: jax.Array, student_logits: jax.Array,
                                samples: jax.Array, mask: jax.Array, *,
                                normalize: bool = True) -> jax.Array:
@@ -304,7 +319,7 @@ def _tvd_plus_plus_entry(teacher_logp, student_logits, mask, *, key=None, n_samp
                        normalize=normalize)
 
 
-Divergence = Literal["fkl", "rkl", "jsd", "tvd", "tvd++"]  # the registry's names
+Divergence = Literal["fkl", "rkl", "jsd", "tvd", "tvd++", "lk"]  # the registry's names
 
 DIVERGENCES: dict[str, Callable[..., jax.Array]] = {
     "fkl": _keyless(forward_kl),
@@ -312,6 +327,7 @@ DIVERGENCES: dict[str, Callable[..., jax.Array]] = {
     "jsd": _keyless(jsd),
     "tvd": _keyless(tvd),
     "tvd++": _tvd_plus_plus_entry,
+    "lk": _keyless(log_acceptance),
 }
 
 

@@ -1,0 +1,119 @@
+"""Train SmolLM2-135M's drafters by the shared recipe (configs/smollm2_recipe.py) and ship them.
+
+Each drafter runs its experiment (configs/<name>_smollm2.py: the target's own answers plus
+stdlib code, VocabTrim 16384, AdamW with warmup and cosine decay), resuming whatever is already
+trained; reports held-out acceptance 1 - TV and top-1 agreement per draft depth, before and
+after, with the wall-clock training time; writes results/train_drafters.json, and with --ship a
+bfloat16 copy of each finished drafter to results/drafters/<name>-smollm2/ (what `speculax
+generate --drafter <kind> --heads results/drafters/<name>-smollm2` loads on a fresh clone).
+
+  .venv/bin/python -m speculax.research.train_drafters --drafters eagle --ship
+  # the objective against forward KL, a short budget each (its own run folders):
+  .venv/bin/python -m speculax.research.train_drafters --drafters eagle --steps 100 \
+      --divergence lk --tag lk100
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import pathlib
+import time
+
+from speculax.cli.train import load_experiment
+from speculax.drafters import heads_io, registry
+from speculax.models.load import load
+from speculax.research.common import machine, table
+from speculax.train.experiment import run
+
+RESULTS = pathlib.Path("results/train_drafters.json")
+SHIPPED = pathlib.Path("results/drafters")
+DRAFTERS = ("eagle", "eagle3", "hydra", "medusa", "distill")
+
+
+def _experiment(name: str, args):
+  exp = load_experiment(f"configs/{name}_smollm2.py")
+  distill = exp.distill
+  if args.divergence:
+    distill = dataclasses.replace(distill, divergence=args.divergence,
+                                  divergence_options=tuple(args.option))
+  if args.steps:
+    distill = dataclasses.replace(distill, optim=distill.optim.with_total_steps(args.steps))
+  name = exp.name + (f"-{args.tag}" if args.tag else "")
+  every = distill.optim.total_steps // 4 or 1
+  return dataclasses.replace(exp, name=name, distill=distill, eval_every=every,
+                             checkpoint_every=min(exp.checkpoint_every, every))
+
+
+def _depths(metrics: dict) -> list[str]:
+  """'1 - TV (top-1)' per depth (a draft model reports one depth, without top-1)."""
+  if "acceptance/depth1" not in metrics:
+    return [f"{metrics['acceptance']:.3f}"] if "acceptance" in metrics else []
+  depths = sorted(int(k.split("depth")[1]) for k in metrics if k.startswith("acceptance/depth"))
+  return [f"{metrics[f'acceptance/depth{j}']:.3f} ({metrics[f'top1/depth{j}']:.2f})"
+          for j in depths]
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--drafters", default="eagle", help=f"from {','.join(DRAFTERS)}")
+  ap.add_argument("--steps", type=int, default=0, help="updates (0: the experiment's own)")
+  ap.add_argument("--divergence", default=None, help="override the objective (fkl, lk, tvd, ...)")
+  ap.add_argument("--option", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                  type=ast.literal_eval,
+                  help="a divergence option, e.g. --option kl_weight 0.1")
+  ap.add_argument("--tag", default="", help="suffix of the run folders (runs/<name>-<tag>)")
+  ap.add_argument("--ship", action="store_true",
+                  help=f"copy finished drafters to {SHIPPED}/<name>-smollm2 in bfloat16")
+  ap.add_argument("--results", default=str(RESULTS))
+  args = ap.parse_args()
+  names = args.drafters.split(",")
+  if unknown := set(names) - set(DRAFTERS):
+    ap.error(f"unknown --drafters {sorted(unknown)}; known: {', '.join(DRAFTERS)}")
+  results = pathlib.Path(args.results)
+  found = json.loads(results.read_text()) if results.is_file() else {"runs": {}}
+  model = load("smollm2-135m")
+  for name in names:
+    exp = _experiment(name, args)
+    cost = exp.folder / "train_seconds.json"  # summed over resumed runs
+    spent = json.loads(cost.read_text()) if cost.is_file() else {"seconds": 0.0, "steps": 0}
+    t = time.perf_counter()
+    result = run(exp, model=model)
+    if result["steps"] != spent["steps"]:
+      spent = {"seconds": spent["seconds"] + time.perf_counter() - t, "steps": result["steps"]}
+      cost.parent.mkdir(parents=True, exist_ok=True)
+      cost.write_text(json.dumps(spent))
+    row = dict(drafter=name, divergence=exp.distill.divergence,
+               options=dict(exp.distill.divergence_options), updates=result["steps"],
+               train_s=spent["seconds"], rows=exp.data.rows, seq_len=exp.data.seq_len,
+               batch=exp.distill.batch_size, lr=exp.distill.optim.learning_rate,
+               vocab_trim=getattr(getattr(exp.distill, "drafter", None), "vocab_trim", 0),
+               before=result["heldout_before"], after=result["heldout_after"])
+    if args.ship and result["drafter"]:
+      drafter, params = registry.load(result["drafter"], model)
+      order = params.pop("vocab_ids")
+      row["shipped"] = str(heads_io.save_drafter(
+          SHIPPED / f"{exp.name}", drafter, params, exp.target, model.config, result["steps"],
+          vocab_ids=order, dtype="bfloat16").parent)
+    found["runs"][exp.name] = row
+    found["machine"] = machine()
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(found, indent=1))
+    print(f"{exp.name}: held-out 1 - TV {_depths(result['heldout_before'])[:1]} -> "
+          f"{_depths(result['heldout_after'])} in {spent['seconds']:.0f} s ({result['steps']} "
+          "updates)", flush=True)
+  runs = found["runs"]
+  depth = max(len(_depths(r["after"])) for r in runs.values())
+  print(f"\nHeld-out 1 - TV (top-1 agreement) per draft depth; {found['machine']}\n")
+  print(table(["run", "objective", "updates (s)", "before: depth 1"]
+              + [f"depth {j}" for j in range(1, depth + 1)],
+              [[n, r["divergence"] + "".join(f" {k}={v}" for k, v in r["options"].items()),
+                f"{r['updates']} ({r['train_s']:.0f})", (_depths(r["before"]) or ["-"])[0]]
+               + _depths(r["after"]) + ["-"] * (depth - len(_depths(r["after"])))
+               for n, r in runs.items()]))
+
+
+if __name__ == "__main__":
+  main()
