@@ -33,7 +33,8 @@ def _configs_folder() -> pathlib.Path:
 
 def shipped_experiments() -> list[str]:
   """Experiment files installed with speculax (speculax/configs), by name."""
-  return sorted(f.stem for f in _configs_folder().glob("*.py") if f.stem != "__init__")
+  return sorted(f.stem for f in _configs_folder().glob("*.py")
+                if f.stem != "__init__" and "EXPERIMENT =" in f.read_text(encoding="utf-8"))
 
 
 def load_experiment(path: str):

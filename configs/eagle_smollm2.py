@@ -2,7 +2,8 @@
 by the shared recipe (configs/smollm2_recipe.py: the target's own answers plus stdlib code,
 VocabTrim 16384).
 
-Forward KL on the next-next token plus EAGLE-1's feature regression; the SpecDec++ acceptance
+The LK objective (-log expected acceptance) on the next-next token plus EAGLE-1's feature
+regression; the SpecDec++ acceptance
 head trains alongside. Ends with drafter.json + drafter_params in runs/eagle-smollm2, for
 `speculax generate --drafter eagle --heads runs/eagle-smollm2 [-k 6 | --tree dynamic:4,5,4]`.
 """

@@ -4,7 +4,7 @@ autoregressive decoding in the same process.
 Suites: "humaneval" (HumanEval prompts after the first 4, chat-wrapped) and "chat" (the
 held-out split of train/prompts.chat_prompts: everyday questions on subjects no training prompt
 has). Methods: autoregressive, prompt lookup, layer skip (the SWIFT-style searched set, plain,
-with Kangaroo early exit, with VocabTrim), and each trained drafter found under --drafters-dir
+with Kangaroo early exit, with VocabTrim; or a set given with --skip), and each trained drafter found under --drafters-dir
 (<name>-smollm2: the distilled draft model, Medusa, Hydra++, EAGLE, EAGLE-3; train them with
 research/train_drafters.py) as trained (VocabTrim as trained), with the full vocabulary, and
 drafting a tree. Each runs greedy and at temperature 1, at batch 1 (prompts one at a time) and
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import pathlib
 import time
@@ -61,10 +60,13 @@ def methods(model, args) -> dict:
   cfg, params = model.config, model.params
   out = {"autoregressive": (None, None, args.k),
          "prompt lookup": (*registry.make("prompt-lookup", params, cfg), args.k)}
-  calibration = [model.tokenizer.encode(model.tokenizer.chat_prompt(p))
-                 for p in humaneval_prompts(4)]
-  skip, _ = registry.make("layer-skip", params, cfg, calibration=calibration, k=args.skip_k)
-  name = f"layer skip ({cfg.n_layers - len(skip.keep)} layers)"
+  if args.skip:
+    skip, _ = registry.make("layer-skip", params, cfg, skip=args.skip)
+  else:  # the skip-set search, calibrated on the first 4 HumanEval prompts
+    calibration = [model.tokenizer.encode(model.tokenizer.chat_prompt(p))
+                   for p in humaneval_prompts(4)]
+    skip, _ = registry.make("layer-skip", params, cfg, calibration=calibration, k=args.skip_k)
+  name = f"layer skip (skips {cfg.n_layers - len(skip.keep)} of {cfg.n_layers})"
   out[name] = (skip, None, args.skip_k)
   out[f"{name} + exit {args.exit}"] = (dataclasses.replace(skip, exit_threshold=args.exit), None,
                                         args.skip_k)
@@ -93,11 +95,6 @@ def methods(model, args) -> dict:
   return out
 
 
-@functools.cache
-def _verify_cost(model, n_tokens: int) -> float:
-  return verify_cost(model, n_tokens - 1)
-
-
 def _checked(drafter, k: int) -> int:
   """Tokens one verify forward scores per sequence: the drafts and the pending token."""
   tree = getattr(drafter, "tree", None)
@@ -114,6 +111,8 @@ def main():
   ap.add_argument("--sampling", default="greedy,t=1")
   ap.add_argument("-k", type=int, default=4, help="chain length of the trained drafters")
   ap.add_argument("--eagle3-k", default="2,4")
+  ap.add_argument("--skip", type=lambda t: tuple(int(x) for x in t.split(",")), default=(),
+                  help="layer skip's set, e.g. 14 (default: search one, as bench_self_speculation)")
   ap.add_argument("--skip-k", type=int, default=5, help="chain length of layer skip")
   ap.add_argument("--exit", type=float, default=0.5, help="layer skip's early-exit threshold")
   ap.add_argument("--trim", type=int, default=16384, help="layer skip's VocabTrim size")
@@ -133,7 +132,7 @@ def main():
     keep = tuple(args.only.split(","))
     found = {n: m for n, m in found.items() if n == "autoregressive" or n.startswith(keep)}
   samplings = {"greedy": SamplingConfig(), "t=1": SamplingConfig(temperature=1.0)}
-  rows = []
+  rows, verify_costs = [], {}
   for suite, ids in prompt_sets.items():
     for batch in batch_sizes:
       chunk = ids[:args.prompts] if batch == 1 else ids[:batch]
@@ -154,7 +153,10 @@ def main():
             ar_step = r.decode_s / r.steps  # s per one-token forward (and loop) at this batch
           elif batch == 1:  # where a step goes, in one-token forwards
             per_step = r.decode_s / r.steps / ar_step
-            verify = _verify_cost(model, _checked(drafter, k))
+            n = _checked(drafter, k)
+            if n not in verify_costs:  # a forward of n tokens, in one-token forwards
+              verify_costs[n] = verify_cost(model, n - 1)
+            verify = verify_costs[n]
             row |= dict(step_cost=per_step, verify_cost=verify, draft_cost=per_step - verify)
           rows.append(row)
           print(f"{suite} b{batch} {temp} {name}: tau {r.tau:.2f}, {r.tokens_per_s:.1f} tok/s, "

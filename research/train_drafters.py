@@ -33,13 +33,17 @@ DRAFTERS = ("eagle", "eagle3", "hydra", "medusa", "distill")
 
 
 def _experiment(name: str, args):
-  exp = load_experiment(f"configs/{name}_smollm2.py")
+  exp = load_experiment(f"{name}_smollm2")
   distill = exp.distill
   if args.divergence:
     distill = dataclasses.replace(distill, divergence=args.divergence,
-                                  divergence_options=tuple(args.option))
+                                  divergence_options=tuple((k, ast.literal_eval(v))
+                                                           for k, v in args.option))
   if args.steps:
     distill = dataclasses.replace(distill, optim=distill.optim.with_total_steps(args.steps))
+  if args.lr:
+    distill = dataclasses.replace(distill, optim=dataclasses.replace(distill.optim,
+                                                                     learning_rate=args.lr))
   name = exp.name + (f"-{args.tag}" if args.tag else "")
   every = distill.optim.total_steps // 4 or 1
   return dataclasses.replace(exp, name=name, distill=distill, eval_every=every,
@@ -60,9 +64,9 @@ def main():
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--drafters", default="eagle", help=f"from {','.join(DRAFTERS)}")
   ap.add_argument("--steps", type=int, default=0, help="updates (0: the experiment's own)")
+  ap.add_argument("--lr", type=float, default=0, help="peak learning rate (0: the experiment's)")
   ap.add_argument("--divergence", default=None, help="override the objective (fkl, lk, tvd, ...)")
   ap.add_argument("--option", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                  type=ast.literal_eval,
                   help="a divergence option, e.g. --option kl_weight 0.1")
   ap.add_argument("--tag", default="", help="suffix of the run folders (runs/<name>-<tag>)")
   ap.add_argument("--ship", action="store_true",

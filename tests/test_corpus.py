@@ -45,6 +45,9 @@ def test_answers_are_the_targets_and_resume(tiny, tok, tmp_path, monkeypatch):
   asked.clear()
   assert _answers(tiny, tok, tmp_path, PROMPTS, temperatures=(0.0, 1.0)) == again
   assert len(asked) == 1  # the cut one, redone the same way
+  asked.clear()
+  assert _answers(tiny, tok, tmp_path, PROMPTS, temperatures=(0.0, 1.0)) == again
+  assert not asked  # and the redone line was not glued to the cut one
   with pytest.raises(ValueError, match="max_new_tokens: 4 there, 5 now"):
     _answers(tiny, tok, tmp_path, PROMPTS, temperatures=(0.0, 1.0), new=5)
   with pytest.raises(ValueError, match="temperatures must be"):

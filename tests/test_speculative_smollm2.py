@@ -1,4 +1,6 @@
 """Greedy speculative decoding on the real SmolLM2-135M equals its own greedy decoding."""
+import pathlib
+
 import pytest
 
 from speculax.decode.config import GenerateConfig, SpecConfig
@@ -39,3 +41,22 @@ def test_greedy_equals_target_only_on_humaneval(smollm2, prompts, reference, nam
                              SpecConfig(k=4, max_new_tokens=NEW), drafter_params=dparams)
   assert out.tokens == reference
   assert out.tau > 1.0  # real drafts do get accepted on this model
+
+
+SHIPPED = sorted(p.parent for p in (pathlib.Path(__file__).parents[1] / "results" / "drafters")
+                 .glob("*/drafter.json"))
+
+
+@pytest.mark.parametrize("folder", SHIPPED, ids=lambda p: p.name)
+def test_shipped_drafters_load_and_are_lossless_and_accepted(smollm2, prompts, reference, folder):
+  """The drafters in results/drafters/ (trained by research/train_drafters.py) load on a fresh
+  clone, decode exactly the target's greedy tokens, and their drafts get accepted."""
+  drafter, dparams = registry.load(folder, smollm2)
+  out = speculative_generate(smollm2.params, smollm2.config, prompts, drafter,
+                             SpecConfig(k=4, max_new_tokens=NEW), drafter_params=dparams)
+  assert out.tokens == reference
+  assert out.tau > 1.5, out.tau  # a trained drafter, not an untrained one (tau ~1.1)
+
+
+def test_shipped_drafters_exist():
+  assert {p.name for p in SHIPPED} >= {"eagle-smollm2"}

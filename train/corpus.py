@@ -64,18 +64,21 @@ def answers(folder: str | pathlib.Path, params: Any, config: Any, tokenizer: Any
                 key=lambda i: len(prompts[i]))  # similar lengths batch together
   chunk = batch_size * 4  # a few batches per flush: little lost when stopped
   key = jax.random.key(seed)
-  with open(folder / _LINES, "a", encoding="utf-8") as out:
+  lines = folder / _LINES
+  with open(lines, "a", encoding="utf-8") as out:
+    if lines.stat().st_size and not lines.read_bytes().endswith(b"\n"):
+      out.write("\n")  # end a line a stop cut short: new lines must not join it
     bar = tqdm(total=len(todo), desc="self-distill answers", unit="prompt", disable=None)
     for lo in range(0, len(todo), chunk):
       part = todo[lo:lo + chunk]
-      for temperature in temperatures:
+      for temperature in dict.fromkeys(temperatures):
         rows = [i for i in part if temperatures[i % len(temperatures)] == temperature]
         if not rows:
           continue
         ids = data.self_distill(params, config, tokenizer, [prompts[i] for i in rows],
                                 max_new_tokens=max_new_tokens, batch_size=batch_size,
                                 sampling=SamplingConfig(temperature=temperature),
-                                key=jax.random.fold_in(key, hash_index(keys[rows[0]])))
+                                key=jax.random.fold_in(key, _stream(keys[rows[0]])))
         for i, seq in zip(rows, ids):
           done[keys[i]] = seq
           out.write(json.dumps({"key": keys[i], "ids": seq}) + "\n")
@@ -89,7 +92,7 @@ def _key(prompt: str, temperature: float) -> str:
   return hashlib.blake2b(f"{temperature}\0{prompt}".encode(), digest_size=12).hexdigest()
 
 
-def hash_index(key: str) -> int:
+def _stream(key: str) -> int:
   """A batch's sampling stream, fixed by its first prompt (the same on a resumed run)."""
   return int(key[:7], 16)
 

@@ -22,10 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculax.core.fields import Checked, field
+from speculax.drafters import vocab_trim
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.heads_io import save_drafter
-from speculax.drafters import vocab_trim
-from speculax.drafters.vocab_trim import frequency_order
 from speculax.models.checkpoints import Checkpointer
 from speculax.models.config import LlamaConfig
 from speculax.models.derive import truncated
@@ -46,7 +45,9 @@ class DataConfig(Checked):
   files: int | None = field(300, ge=1)  # stdlib source files to read (None: all)
   seq_len: int = field(256, ge=2)
   rows: int = field(512, ge=1)  # training rows of seq_len tokens
-  heldout_rows: int = field(32, ge=1)  # rows from held-out files, for the acceptance estimate
+  heldout_rows: int = field(32, ge=1)  # held-out rows, for the acceptance estimate
+  # Held out: this share of stdlib files (by path hash) and of a prompts file's last lines; the
+  # built-in prompts split by subject (train/prompts.py).
   heldout_fraction: float = field(0.1, gt=0, lt=1)
   top_k: int = field(32, ge=1)  # teacher log-probs kept per position
   # Self-distillation (corpus "self-distill" or "mixed"):
@@ -101,7 +102,7 @@ class Student:
   hidden_layers: tuple[int, ...] = ()  # target features the teacher cache must hold
 
 
-def student(exp: DistillExperiment, model: LoadedModel, order: np.ndarray | None = None) -> Student:
+def student(exp: DistillExperiment, model: LoadedModel, order: np.ndarray) -> Student:
   """Head drafters start from their own init on the target; draft models from its layers.
 
   order: the frequency order of the training tokens [v]; a head drafter with vocab_trim N
@@ -112,9 +113,6 @@ def student(exp: DistillExperiment, model: LoadedModel, order: np.ndarray | None
     drafter, frozen = cfg.drafter, model.params
     params = drafter.init_params(model.config, jax.random.key(cfg.seed))
     if drafter.vocab_trim:
-      if order is None:
-        raise ValueError(f"{drafter.name} with vocab_trim={drafter.vocab_trim} trains on the "
-                         "kept ids of a frequency order: pass order")
       ids = vocab_trim.check_order(order, model.config.vocab_size, drafter.vocab_trim)
       head = vocab_trim.trimmed_head(*drafter.output_layer(params, model.params, model.config),
                                      ids[:drafter.vocab_trim])
@@ -161,7 +159,7 @@ def run(exp: DistillExperiment, *, until: int | None = None,
   if rows is None:
     rows = corpus.token_rows(exp.data, model, caches, params_fingerprint(model.params))
   train_tokens, held_tokens = rows
-  order = frequency_order(train_tokens, model.config.vocab_size)
+  order = vocab_trim.frequency_order(train_tokens, model.config.vocab_size)
   s = student(exp, model, order)
   teacher, held = (build_teacher_cache(caches / cache_name(split, s.hidden_layers), model.params,
                                        model.config, tokens, top_k=exp.data.top_k,
