@@ -9,7 +9,7 @@ live in runs/drafters/teacher, shared by every drafter (each cache is built once
 Head drafters train on the VOCAB_TRIM most frequent training tokens only (VocabTrim): their
 output layer costs a third of the full one, in training and when drafting. Objective: LK,
 -log of the expected acceptance (held-out 1 - TV of EAGLE after 100 updates: fkl 0.337, lk
-0.342 at lr 1e-3, lk 0.363 at 3e-3); 1200 updates of 8 rows, ~45 min for EAGLE on 2 cores.
+0.342 at lr 1e-3, lk 0.363 at 3e-3); 1200 updates of 8 rows, 40 min for EAGLE on 2 cores.
 """
 from speculax.train.experiment import DataConfig
 from speculax.train.optim import OptimConfig
