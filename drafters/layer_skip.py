@@ -7,9 +7,10 @@ correctness), and write their draft K/V into the slots the verify forward overwr
 On the fly (SWIFT-style): with `alternatives`, the drafter holds several keep sets and picks,
 at every step, the one with the highest layer_skip_search.estimated_speedup (tau(a, k) /
 (verify_cost + k x the set's share of layers)) from the acceptance it has measured for each on
-the tokens being served: decayed counts of the drafts the verifier kept and the rejections it saw, with an optimistic prior (every set starts
-at acceptance 1, so each is tried until its own measurements pull it below the best; counts
-decay every step, so a set left aside drifts back up and is tried again on the text at hand).
+the tokens being served: decayed counts of the drafts the verifier kept and the rejections it
+saw, with an optimistic prior (every set starts at acceptance 1, so each is tried until its own
+measurements pull it below the best; counts decay every step, so a set left aside drifts back
+up and is tried again on the text at hand).
 The choice is one `lax.switch` inside the jitted loop: only the chosen set's layers run.
 """
 from __future__ import annotations
@@ -62,8 +63,8 @@ class LayerSkip(Drafter):
   # Other keep sets to switch among on the fly by measured acceptance per draft cost (SWIFT).
   alternatives: tuple[tuple[int, ...], ...] = field((), ge=0)
   # A verify step's cost in one-token target steps, for choosing among the sets: 1 where a
-  # forward is memory-bound (a GPU); more where a k + 1 token block costs compute (~1.9 for 6
-  # tokens on a 2-core CPU; research/bench_self_speculation.py measures it).
+  # forward is memory-bound (a GPU); more where a k + 1 token block costs compute (1.70 for 6
+  # tokens on a 2-core CPU; research.common.verify_cost measures it).
   verify_cost: float = field(1.0, gt=0)
 
   @classmethod

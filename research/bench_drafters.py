@@ -33,8 +33,7 @@ from speculax.decode.config import SpecConfig
 from speculax.drafters import registry, vocab_trim
 from speculax.models.assets import humaneval_prompts
 from speculax.models.load import load
-from speculax.research.bench_self_speculation import verify_cost
-from speculax.research.common import machine, plot_tau_speedup, run_prompts, table
+from speculax.research.common import machine, plot_tau_speedup, run_prompts, table, verify_cost
 from speculax.train import prompts as prompt_sources
 
 RESULTS = pathlib.Path("results/bench_drafters.json")

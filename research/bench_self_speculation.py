@@ -20,17 +20,14 @@ import json
 import pathlib
 import time
 
-import jax.numpy as jnp
 import numpy as np
 
 from speculax.decode.config import SpecConfig
 from speculax.drafters import registry, vocab_trim
 from speculax.drafters.layer_skip import LayerSkip
 from speculax.models.assets import humaneval_prompts
-from speculax.models import llama
-from speculax.models.kvcache import KVCache
 from speculax.models.load import load
-from speculax.research.common import machine, run_prompts, table
+from speculax.research.common import machine, run_prompts, table, verify_cost
 from speculax.train import data
 
 RESULTS = pathlib.Path("results/bench_self_speculation.json")
@@ -49,26 +46,6 @@ def token_order(model, n_prompts: int, new_tokens: int, code_files: int) -> np.n
   print(f"vocab order from {sum(map(len, answers))} generated and {sum(map(len, code))} code "
         f"tokens", flush=True)
   return vocab_trim.frequency_order(answers + code, model.config.vocab_size)
-
-
-def verify_cost(model, k: int, repeats: int = 20) -> float:
-  """Time of a (k + 1)-token forward against a cache over a one-token one (medians): what a
-  verify step costs in one-token target steps on this machine."""
-  cfg, params = model.config, llama.unstack_layers(model.params)
-  cache = KVCache.init(cfg, 1, 512, per_layer=True).with_lengths(jnp.full((1,), 256))
-
-  def median_s(t):
-    tokens = jnp.ones((1, t), jnp.int32)
-    positions = 256 + jnp.arange(t, dtype=jnp.int32)[None]
-    llama.forward_jit(params, cfg, tokens, positions, cache)[0].block_until_ready()
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      llama.forward_jit(params, cfg, tokens, positions, cache)[0].block_until_ready()
-      times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-  return median_s(k + 1) / median_s(1)
 
 
 def _methods(model, calibration, order, cost, args):

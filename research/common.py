@@ -14,6 +14,8 @@ import numpy as np
 from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.speculative import speculative_generate
+from speculax.models import llama
+from speculax.models.kvcache import KVCache
 
 
 def machine() -> str:
@@ -37,6 +39,26 @@ def read_bandwidth(n_bytes: int = 512 << 20, repeats: int = 5) -> float:
     total(x).block_until_ready()
     times.append(time.perf_counter() - t)
   return n_bytes / min(times)
+
+
+def verify_cost(model, k: int, repeats: int = 20) -> float:
+  """Time of a (k + 1)-token forward against a cache over a one-token one (medians): what a
+  verify step costs in one-token target steps on this machine."""
+  cfg, params = model.config, llama.unstack_layers(model.params)
+  cache = KVCache.init(cfg, 1, 512, per_layer=True).with_lengths(jnp.full((1,), 256))
+
+  def median_s(t):
+    tokens = jnp.ones((1, t), jnp.int32)
+    positions = 256 + jnp.arange(t, dtype=jnp.int32)[None]
+    llama.forward_jit(params, cfg, tokens, positions, cache)[0].block_until_ready()
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      llama.forward_jit(params, cfg, tokens, positions, cache)[0].block_until_ready()
+      times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+  return median_s(k + 1) / median_s(1)
 
 
 def median(xs) -> float:

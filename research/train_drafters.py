@@ -22,7 +22,7 @@ import pathlib
 import time
 
 from speculax.cli.train import load_experiment
-from speculax.drafters import heads_io, registry
+from speculax.drafters import heads_io, registry, vocab_trim
 from speculax.models.load import load
 from speculax.research.common import machine, table
 from speculax.train.experiment import run
@@ -97,7 +97,7 @@ def main():
                before=result["heldout_before"], after=result["heldout_after"])
     if args.ship and result["drafter"]:
       drafter, params = registry.load(result["drafter"], model)
-      order = params.pop("vocab_ids")
+      order = params.pop(vocab_trim.IDS)
       row["shipped"] = str(heads_io.save_drafter(
           SHIPPED / f"{exp.name}", drafter, params, exp.target, model.config, result["steps"],
           vocab_ids=order, dtype="bfloat16").parent)

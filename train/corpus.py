@@ -144,9 +144,9 @@ def token_rows(cfg: Any, model: Any, folder: str | pathlib.Path,
   self-distilled. Answers are cached under folder/answers_<split>.
   """
   tok = model.tokenizer
-  code = _code_rows(cfg, tok) if cfg.corpus != "self-distill" else None
   if cfg.corpus == "code":
-    return code
+    return (_code_rows(cfg, tok, "train", cfg.rows),
+            _code_rows(cfg, tok, "heldout", cfg.heldout_rows))
   n_code = round(cfg.rows * cfg.code_fraction) if cfg.corpus == "mixed" else 0
   rows = []
   for split, want in (("train", cfg.rows - n_code), ("heldout", cfg.heldout_rows)):
@@ -160,15 +160,15 @@ def token_rows(cfg: Any, model: Any, folder: str | pathlib.Path,
     rows.append(data.pack_ids([docs[i] for i in order], cfg.seq_len, sep=tok.eos_id,
                               max_rows=want))
   if n_code:
-    rows[0] = np.concatenate([rows[0], code[0][:n_code]])
+    rows[0] = np.concatenate([rows[0], _code_rows(cfg, tok, "train", n_code)])
   return rows[0], rows[1]
 
 
-def _code_rows(cfg: Any, tok: Any) -> tuple[np.ndarray, np.ndarray]:
-  train_files, held_files = data.split_files(data.stdlib_files(cfg.files), cfg.heldout_fraction)
-  pack = lambda files, rows: data.pack_sequences(tok, data.read_texts(files), cfg.seq_len,
-                                                 max_rows=rows)
-  return pack(train_files, cfg.rows), pack(held_files, cfg.heldout_rows)
+def _code_rows(cfg: Any, tok: Any, split: str, rows: int) -> np.ndarray:  # [rows, seq_len]
+  """Rows packed from one split of the stdlib files (split by path hash); reading stops once
+  they are full."""
+  files = data.split_files(data.stdlib_files(cfg.files), cfg.heldout_fraction)[split == "heldout"]
+  return data.pack_sequences(tok, data.read_texts(files), cfg.seq_len, max_rows=rows)
 
 
 def _prompts(cfg: Any, split: str) -> tuple[list[str], list[str]]:

@@ -78,25 +78,21 @@ class HeadsConfig(Checked):
       mask = batch["mask"][:, j:] * batch["mask"][:, :t - j]
       loss = divergence(target, student, mask, key=jax.random.fold_in(key, j))
       total += loss / depth
-      acc = losses.token_acceptance(target, student, mask)
+      chance = losses.expected_acceptance(target, student)  # [b, t - j] 1 - TV per position
+      n = jnp.maximum(mask.sum(), 1)
+      acc = (chance * mask).sum() / n
       agree = (jnp.argmax(student, -1) == jnp.argmax(target, -1)) * mask
       metrics |= {f"loss/depth{j}": loss, f"acceptance/depth{j}": acc,
-                  f"top1/depth{j}": agree.sum() / jnp.maximum(mask.sum(), 1)}
+                  f"top1/depth{j}": agree.sum() / n}
       accs.append(acc)
       if accept is not None:
-        label = jax.lax.stop_gradient(_expected_acceptance(target, student))  # [b, t - j]
+        label = jax.lax.stop_gradient(chance)
         bce = optax.sigmoid_binary_cross_entropy(accept[:, :t - j, j - 1], label)
-        bce = (bce * mask).sum() / jnp.maximum(mask.sum(), 1)
+        bce = (bce * mask).sum() / n
         total += self.acceptance_weight * bce / depth
         metrics[f"acceptance_head_bce/depth{j}"] = bce
     if "aux_loss" in out:
       total += out["aux_loss"]
       metrics["aux_loss"] = out["aux_loss"]
     return total, metrics | {"loss": total, "acceptance": sum(accs) / depth}
-
-
-def _expected_acceptance(teacher_logp, student_logits):
-  """1 - TV(p, q) per position: the chance a sampled draft is kept. [..., v] -> [...]"""
-  p, q = jnp.exp(teacher_logp), jax.nn.softmax(student_logits, -1)
-  return jnp.minimum(p, q).sum(-1)
 

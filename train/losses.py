@@ -19,7 +19,8 @@ Registry calling convention (`DIVERGENCES`, `get_divergence`):
 teacher_logp are normalized log-probs (`teacher_logprobs_from_logits` for full logits,
 `teacher_logprobs_from_topk` for a cached top-k); student_logits are raw logits. Only "tvd++"
 uses `key` (it samples from the student) and raises without one. Per-divergence options
-(jsd's beta; tvd++'s n_samples, normalize; lk's kl_weight) are bound with `get_divergence(name, **options)`.
+(jsd's beta; tvd++'s n_samples, normalize; lk's kl_weight) are bound with
+`get_divergence(name, **options)`.
 `cross_entropy` is not in the registry: it needs target tokens, not a teacher distribution.
 
 Zero probabilities: a teacher log-prob of -inf is clamped to LOG_FLOOR = log(float32 tiny)
@@ -181,6 +182,12 @@ def tvd(teacher_logp: jax.Array, student_logits: jax.Array, mask: jax.Array) -> 
   """Total variation 0.5 * sum |p - q| in [0, 1]; 1 - tvd is the acceptance rate."""
   p, _, q, _, _, w, valid = _prepare(teacher_logp, student_logits, mask)
   return _masked_mean(0.5 * jnp.sum(jnp.abs(p - q), axis=-1), w, valid)
+
+
+def expected_acceptance(teacher_logp: jax.Array, student_logits: jax.Array) -> jax.Array:
+  """sum min(p, q) per position [..., v] -> [...]: the chance a sampled draft is kept (for
+  sanitized inputs; `token_acceptance` is its masked mean that tolerates garbage)."""
+  return jnp.minimum(jnp.exp(teacher_logp), jax.nn.softmax(student_logits, -1)).sum(-1)
 
 
 def token_acceptance(teacher_logp: jax.Array, student_logits: jax.Array,
