@@ -29,7 +29,7 @@ from speculax.train.experiment import run
 
 RESULTS = pathlib.Path("results/train_drafters.json")
 SHIPPED = pathlib.Path("results/drafters")
-DRAFTERS = ("eagle", "eagle3", "hydra", "medusa", "distill")
+DRAFTERS = ("eagle", "eagle_ttt", "eagle3", "hydra", "medusa", "distill")
 
 
 def _experiment(name: str, args):

@@ -1,5 +1,6 @@
 """Head-drafter experiments end to end on the tiny target (stdlib text as bytes): train,
 resume, save drafter.json + params, load them back, decode losslessly; and bad input."""
+import dataclasses
 import json
 
 import jax
@@ -132,6 +133,21 @@ def test_distill_runs_on_the_same_runner_and_saves_a_loadable_draft_model(
   out = speculative_generate(params, cfg, PROMPTS[:4], drafter,
                              SpecConfig(k=3, max_new_tokens=NEW), drafter_params=dparams)
   assert out.tokens == tiny_reference[:4]
+
+
+def test_a_run_starts_from_a_finished_one_of_its_kind(model, trained, tmp_path):
+  exp, first = trained
+  again = run(dataclasses.replace(_exp(tmp_path, "second", HEADS), init_from=str(exp.folder)),
+              model=model)
+  assert again["heldout_before"] == pytest.approx(first["heldout_after"], rel=1e-5)
+  assert again["heldout_before"]["acceptance"] != pytest.approx(first["heldout_before"]["acceptance"])
+  with pytest.raises(ValueError, match="holds a medusa drafter, not eagle"):
+    run(dataclasses.replace(_exp(tmp_path, "e", HeadsConfig(Eagle(), batch_size=4, optim=OPTIM)),
+                            init_from=str(exp.folder)), model=model)
+  with pytest.raises(ValueError, match=r"init_from=.*params do not fit this run's"):
+    run(dataclasses.replace(_exp(tmp_path, "m2", HeadsConfig(Medusa(2), batch_size=4,
+                                                             optim=OPTIM)),
+                            init_from=str(exp.folder)), model=model)
 
 
 def test_heads_of_another_target_or_kind_are_refused(tiny, trained, tmp_path):

@@ -24,7 +24,7 @@ import numpy as np
 from speculax.core.fields import Checked, field
 from speculax.drafters import vocab_trim
 from speculax.drafters.draft_model import DraftModel
-from speculax.drafters.heads_io import save_drafter
+from speculax.drafters.heads_io import load_drafter, save_drafter
 from speculax.models.checkpoints import Checkpointer
 from speculax.models.config import LlamaConfig
 from speculax.models.derive import truncated
@@ -69,6 +69,9 @@ class DistillExperiment(Checked):
   distill: DistillConfig | HeadsConfig = DistillConfig()
   out_dir: str = "runs"
   teacher_dir: str | None = None  # shared teacher caches (same target + data); default: own folder
+  # A finished run folder of the same drafter kind whose params start this one (a second stage:
+  # e.g. training-time test on top of a trained EAGLE); default: the drafter's own init.
+  init_from: str | None = None
   checkpoint_every: int = field(50, ge=1)
   keep: int = field(2, ge=1)
   log_every: int = field(10, ge=1)
@@ -112,13 +115,32 @@ def student(exp: DistillExperiment, model: LoadedModel, order: np.ndarray) -> St
   if isinstance(cfg, HeadsConfig):
     drafter, frozen = cfg.drafter, model.params
     params = drafter.init_params(model.config, jax.random.key(cfg.seed))
+    if exp.init_from is not None:
+      params = warm_start(exp.init_from, type(drafter), params, model.config)
     if drafter.vocab_trim:
       ids = vocab_trim.check_order(order, model.config.vocab_size, drafter.vocab_trim)
       head = vocab_trim.trimmed_head(*drafter.output_layer(params, model.params, model.config),
                                      ids[:drafter.vocab_trim])
       frozen = {**frozen, vocab_trim.TRIM: head}
     return Student(model.config, params, frozen, tuple(drafter.hidden_layers))
-  return Student(*truncated(model.params, model.config, exp.draft_layers))
+  config, params = truncated(model.params, model.config, exp.draft_layers)
+  if exp.init_from is not None:
+    params = warm_start(exp.init_from, DraftModel, params, model.config)
+  return Student(config, params)
+
+
+def warm_start(folder: str, cls: type, like: dict, target: LlamaConfig) -> dict:
+  """The params of the `cls` drafter saved in `folder` (a finished run or a shipped drafter),
+  checked leaf by leaf against `like`, the params this run would start from."""
+  _, params = load_drafter(folder, cls, target)
+  params = {k: v for k, v in params.items() if k != vocab_trim.IDS}
+  saved, wanted = (jax.tree_util.tree_flatten_with_path(t)[0] for t in (params, like))
+  shapes = lambda leaves: {jax.tree_util.keystr(p): np.shape(x) for p, x in leaves}
+  if shapes(saved) != shapes(wanted):
+    diff = sorted(set(shapes(saved).items()) ^ set(shapes(wanted).items()))
+    raise ValueError(f"init_from={folder!r}: its {cls.name} params do not fit this run's "
+                     f"(differing leaves, saved or wanted: {diff[:6]})")
+  return jax.tree.map(lambda x, y: jnp.asarray(x, y.dtype), params, like)
 
 
 def heldout_metrics(params, config: LlamaConfig, cfg, cache, frozen=None,
