@@ -13,10 +13,12 @@ from typing import Literal
 from speculax.core.fields import Checked, field
 
 DType = Literal["float32", "bfloat16", "float16"]
-# Attention of a block against the cache (decode, verify, tree verify): "xla" (jnp), "pallas"
-# (models/kernels/tree_attention.py) or "pallas-interpret" (the same kernel in interpret mode,
-# for CPU).
-AttentionImpl = Literal["xla", "pallas", "pallas-interpret"]
+# Attention of a block against the cache (decode, verify, tree verify): "xla" (jnp), or the Pallas
+# tree-attention kernel (models/kernels/tree_attention.py): "pallas" picks its backend by
+# platform (Mosaic TPU on TPU, Triton on GPU), "pallas-<backend>" names one, and
+# "pallas-interpret" runs the TPU-style blocked kernel in the Pallas interpreter (any platform;
+# CPU tests).
+AttentionImpl = Literal["xla", "pallas", "pallas-mosaic-tpu", "pallas-triton", "pallas-interpret"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +27,16 @@ class Runtime(Checked):
   dtype: DType = "float32"  # compute dtype
   param_dtype: DType = "float32"
   attention_impl: AttentionImpl = "xla"
-  attention_block_kv: int = field(128, ge=1)  # cache slots per kernel step
+  # Cache slots per kernel step; None: the backend's documented default (BlockSizes.get_default).
+  attention_block_kv: int | None = field(None, ge=1)
+
+  def attention_kernel(self) -> tuple[str | None, bool]:
+    """(kernel backend, None for the platform's; interpret) of a Pallas attention_impl."""
+    if self.attention_impl == "xla":
+      raise ValueError("attention_impl='xla' runs no kernel")
+    if self.attention_impl == "pallas-interpret":
+      return "mosaic-tpu", True
+    return self.attention_impl.removeprefix("pallas").removeprefix("-") or None, False
 
 
 @dataclasses.dataclass(frozen=True)

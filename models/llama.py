@@ -107,9 +107,11 @@ class Block(nn.Module):
     if block_mask is None:
       attended = attention(q, keys, values, mask)
     else:
-      attended = tree_attention(q, keys, values, lengths, block_mask,
-                                block_sizes=BlockSizes(c.runtime.attention_block_kv),
-                                interpret=c.runtime.attention_impl == "pallas-interpret")
+      backend, interpret = c.runtime.attention_kernel()
+      block_kv = c.runtime.attention_block_kv
+      attended = tree_attention(q, keys, values, lengths, block_mask, backend=backend,
+                                block_sizes=BlockSizes(block_kv) if block_kv else None,
+                                interpret=interpret)
     x = x + jnp.einsum("bthq,hqd->btd", attended, wo)
     y = rms_norm(x, mlp_norm, c.norm_eps)
     gated = nn.silu(jnp.einsum("btd,df->btf", y, w_gate)) * jnp.einsum("btd,df->btf", y, w_up)

@@ -1,4 +1,5 @@
-"""Tree-verify attention kernel (Pallas, interpret mode on CPU) against its jnp reference.
+"""Tree-verify attention kernel (Pallas, interpret mode on CPU) against its jnp reference, for every
+backend's kernel body (tests/test_kernel_lowering.py proves they lower for GPU and TPU).
 
 Each distinct shape compiles the interpreted kernel once (~1.5 s here), so the cases are a chosen
 list of shapes rather than a full product; tree kinds and lengths vary within one compile.
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 
 from speculax.models.kernels.tree_attention import (
+  BACKENDS,
+  DEFAULT_BLOCK_KV,
   BlockSizes,
   tree_attention,
   tree_attention_reference,
@@ -74,26 +77,32 @@ def ragged_lengths(rng: np.random.Generator, b: int, t: int, s: int) -> jnp.ndar
 reference = jax.jit(tree_attention_reference)  # one compile per shape instead of op by op
 
 
-def kernel(q, k, v, lengths, tree_mask, block_kv):
-  return tree_attention(q, k, v, lengths, tree_mask, block_sizes=BlockSizes(block_kv),
-                        interpret=True)
+def kernel(q, k, v, lengths, tree_mask, block_kv, backend="mosaic-tpu"):
+  return tree_attention(q, k, v, lengths, tree_mask, backend=backend,
+                        block_sizes=BlockSizes(block_kv), interpret=True)
 
 
+def test_every_backend_is_tested():
+  assert set(BACKENDS) == {"mosaic-tpu", "triton"} == set(DEFAULT_BLOCK_KV)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_t{}_k{}_g{}_q{}_s{}_bkv{}".format(*s))
-def test_matches_reference(shape):
+def test_matches_reference(shape, backend):
   b, t, kh, g, dq, s, block_kv = shape
   q, k, v = make_inputs(0, b, t, kh, g, dq, s)
   rng = np.random.default_rng(sum(shape))
   for name, make_tree in TREES.items():  # same shapes: one compile for all tree kinds
     tree = jnp.asarray(np.stack([make_tree(rng, t) for _ in range(b)]))
     lengths = ragged_lengths(rng, b, t, s)
-    got = kernel(q, k, v, lengths, tree, block_kv)
+    got = kernel(q, k, v, lengths, tree, block_kv, backend)
     want = reference(q, k, v, lengths, tree)
     assert got.shape == q.shape and got.dtype == q.dtype
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=0, err_msg=f"tree={name}")
 
 
-def test_length_sweep_across_block_boundaries():
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_length_sweep_across_block_boundaries(backend):
   """Lengths at, just before and just after block boundaries, in one batch (one compile)."""
   t, kh, g, dq, s, block_kv = 5, 2, 2, 8, 64, 16
   lengths = jnp.array([0, 1, 11, 15, 16, 17, 32, 43, 48, s - t], jnp.int32)
@@ -101,16 +110,17 @@ def test_length_sweep_across_block_boundaries():
   q, k, v = make_inputs(1, b, t, kh, g, dq, s)
   rng = np.random.default_rng(1)
   tree = jnp.asarray(np.stack([random_tree(rng, t) for _ in range(b)]))
-  got = kernel(q, k, v, lengths, tree, block_kv)
+  got = kernel(q, k, v, lengths, tree, block_kv, backend)
   np.testing.assert_allclose(got, reference(q, k, v, lengths, tree), atol=ATOL,
                              rtol=0)
 
 
-jitted_kernel = jax.jit(kernel, static_argnames="block_kv")
+jitted_kernel = jax.jit(kernel, static_argnames=("block_kv", "backend"))
 
 
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
 @pytest.mark.parametrize("garbage", [1e30, -1e30, np.inf, np.nan])
-def test_stale_slots_do_not_leak(garbage):
+def test_stale_slots_do_not_leak(garbage, backend):
   """Slots >= lengths + t may hold anything (NaN and inf included); also runs under jit."""
   b, t, kh, g, dq, s, block_kv = 3, 4, 2, 3, 16, 64, 32
   q, k, v = make_inputs(2, b, t, kh, g, dq, s)
@@ -120,17 +130,18 @@ def test_stale_slots_do_not_leak(garbage):
   stale = (np.arange(s)[None, :] >= (np.asarray(lengths) + t)[:, None])[:, None, :, None]
   k_bad, v_bad = (jnp.asarray(np.where(stale, np.float32(garbage), x)) for x in (k, v))
   want = reference(q, k, v, lengths, tree)
-  got = jitted_kernel(q, k_bad, v_bad, lengths, tree, block_kv)  # lengths traced: no value check
+  got = jitted_kernel(q, k_bad, v_bad, lengths, tree, block_kv, backend)  # traced: no value check
   assert np.isfinite(np.asarray(got)).all()
   np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
 
 
-def test_bfloat16_inputs():
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_bfloat16_inputs(backend):
   b, t, kh, g, dq, s, block_kv = 3, 4, 1, 2, 16, 32, 16
   q, k, v = make_inputs(3, b, t, kh, g, dq, s, jnp.bfloat16)
   lengths = jnp.array([0, 9, s - t], jnp.int32)
   tree = jnp.broadcast_to(jnp.asarray(chain_mask(t)), (b, t, t))
-  got = kernel(q, k, v, lengths, tree, block_kv)
+  got = kernel(q, k, v, lengths, tree, block_kv, backend)
   assert got.dtype == jnp.bfloat16
   want = reference(q, k, v, lengths, tree)
   np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=1e-2, rtol=0)
@@ -143,13 +154,44 @@ def _valid_inputs(b=2, t=3, kh=2, g=2, dq=8, s=32):
   return q, k, v, lengths, tree
 
 
-@pytest.mark.parametrize("block_kv, match", [
-    (12, "block_kv=12 does not divide the cache length s=32"),
-    (0, "BlockSizes.block_kv must be an int >= 1, got 0"),
+@pytest.mark.parametrize("backend, block_kv, match", [
+    ("mosaic-tpu", 24, "block_kv=24 does not divide the cache length s=32"),
+    ("mosaic-tpu", 12, "block_kv=12 must be a multiple of 8 for a float32 cache on mosaic-tpu"),
+    ("triton", 8, "block_kv=8 must be a power of two >= 16 on triton"),
+    ("triton", 0, "BlockSizes.block_kv must be an int >= 1, got 0"),
 ])
-def test_bad_block_size(block_kv, match):
+def test_bad_block_size(backend, block_kv, match):
   with pytest.raises(ValueError, match=match):
-    kernel(*_valid_inputs(), block_kv)
+    kernel(*_valid_inputs(), block_kv, backend)
+
+
+def test_bfloat16_block_rule_on_mosaic_tpu():
+  q, k, v, lengths, tree = _valid_inputs()
+  with pytest.raises(ValueError, match="multiple of 16 for a bfloat16 cache on mosaic-tpu"):
+    kernel(q, k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), lengths, tree, 8)
+
+
+def test_unknown_backend():
+  with pytest.raises(ValueError, match="unknown tree-attention backend 'cuda'; known:"):
+    kernel(*_valid_inputs(), 16, "cuda")
+  with pytest.raises(ValueError, match="unknown tree-attention backend 'flash'"):
+    BlockSizes.get_default("flash")
+
+
+def test_default_block_sizes():
+  """Each backend's documented default; interpret mode (any platform) picks the TPU-style kernel,
+  and the default divides a power-of-two cache (as KVCache.init rounds it)."""
+  assert BlockSizes.get_default("mosaic-tpu") == BlockSizes(512)
+  assert BlockSizes.get_default("triton") == BlockSizes(64)
+  assert BlockSizes.get_default(interpret=True) == BlockSizes(512)
+  q, k, v, lengths, tree = _valid_inputs(s=512)
+  got = tree_attention(q, k, v, lengths, tree, interpret=True)  # backend and blocks by default
+  np.testing.assert_allclose(got, reference(q, k, v, lengths, tree), atol=ATOL, rtol=0)
+
+
+def test_pallas_without_interpret_refuses_cpu():
+  with pytest.raises(ValueError, match="no Pallas tree-attention backend for platform 'cpu'"):
+    tree_attention(*_valid_inputs())
 
 
 def test_heads_not_multiple_of_kv_heads():

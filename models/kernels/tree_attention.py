@@ -1,5 +1,5 @@
 """Tree-verify attention: t new tokens (tree nodes) attend to a ragged KV-cache prefix and their
-ancestors, as a Pallas kernel with online softmax over KV blocks.
+ancestors, as a Pallas kernel with online softmax over KV blocks, one backend per platform.
 
 Dims: b batch, t query time (tree nodes), s key time (cache slots), h heads, k kv heads, g heads per
 kv head, q head dim, r query rows of one kv head (t * g, padded), c slots of one KV block, u tree
@@ -9,20 +9,24 @@ Semantics (equal to `tree_attention_reference`): query i of row b sees slots < l
 lengths[b] + j iff tree_mask[b, i, j]; the new block's own K/V are already written at slots
 lengths[b] + [0, t). Slots >= lengths[b] + t are stale and invisible.
 
-Kernel: grid (b, k). One program takes the g query heads of one kv head together as an [r, q] tile,
-so each K/V block is read once per group. It runs an online softmax (running max, running sum and
-accumulator in float32) over KV blocks of `block_kv` slots, in two loops:
-  - blocks entirely below lengths[b]: every slot visible, no mask;
-  - blocks overlapping [lengths[b], lengths[b] + t): mask built in-kernel. The tree part is
-    gather-free: a one-hot [u, c] of (slot - length) times the [r, u] tree rows gives, per row and
-    slot, tree_mask[i, slot - length] (an exact 0/1 matmul).
-Blocks past lengths[b] + t are never visited, so cost follows the ragged length, not s.
+Backends (one function, `backend=`; all share `tree_attention_common.attend_block`, the online
+softmax step with the in-kernel prefix+tree mask, and this wrapper's validation and layout):
+  - "mosaic-tpu" (tree_attention_tpu.py): grid (b, k, KV blocks), K/V streamed through VMEM one
+    [c, q] block per step, lengths as scalar prefetch;
+  - "triton" (tree_attention_triton.py): grid (b, k), a loop over KV blocks in each program;
+    deprecated by JAX from 0.11, kept while JAX ships it;
+  - no Mosaic GPU backend yet: Mosaic GPU (JAX's default Pallas GPU lowering) has no
+    dot_general on register arrays (matmuls are `plgpu.wgmma` over swizzled SMEM refs in 64-row
+    warpgroup tiles) and refuses the 4-byte `lengths` copy, so it needs its own kernel.
+`backend=None` picks by platform (`default_backend`). `interpret=True` runs the chosen backend's
+kernel in the Pallas interpreter (CPU, tests). One program always takes the g query heads of one
+kv head together as an [r, q] tile, so each K/V block is read once per group, and blocks past
+lengths[b] + t cost no compute, so cost follows the ragged length, not s.
 
-Padding (done in the wrapper, sliced off after): rows to r = max(16, next_pow2(t * g)), tree
-columns to u = max(16, next_pow2(t)), both cheap (q and the mask are small), so tiles are powers of
-two of at least 16 as the Triton GPU backend's loads and dots want. A head dim that is not a power
-of two >= 16 is padded too, which copies the cache: fine for tests, avoid it in production (Llama
-head dims are 64 or 128). On Triton, also pick block_kv a power of two >= 16.
+Padding (done here, sliced off after): rows to r = max(16, next_pow2(t * g)), tree columns to
+u = max(16, next_pow2(t)), both cheap (q and the mask are small). On Triton a head dim that is not
+a power of two >= 16 is padded too, which copies the cache: fine for tests, avoid it in production
+(Llama head dims are 64 or 128).
 
 Guarantees beyond the reference: stale slots (>= lengths[b] + t) may hold anything, NaN and inf
 included, without changing the output (their scores are replaced and their values zeroed). A row
@@ -33,22 +37,70 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from speculax.core.fields import Checked, field
 from speculax.models.attention import attention, prefix_block_mask
+from speculax.models.kernels.tree_attention_tpu import tree_attention_tpu
+from speculax.models.kernels.tree_attention_triton import tree_attention_triton
 
-_NEG = -0.7 * float(jnp.finfo(jnp.float32).max)  # hidden score: finite, exp(_NEG - m) == 0
+Backend = Literal["mosaic-tpu", "triton"]
+# Each backend's kernel: (lengths [b] int32, q [b, k, r, q], k, v [b, k, s, q], tree [b, r, u],
+# *, block_kv, num_new, scale, interpret) -> [b, k, r, q].
+BACKENDS = {"mosaic-tpu": tree_attention_tpu, "triton": tree_attention_triton}
+# The backend `backend=None` picks on each platform (jax platform names; "cuda" as an abstract
+# device names it, "gpu" as a concrete one does).
+PLATFORM_BACKENDS = {"tpu": "mosaic-tpu", "gpu": "triton", "cuda": "triton", "rocm": "triton"}
+# Documented default KV block (cache slots per online-softmax step) per backend:
+#   mosaic-tpu 512: each grid step costs ~0.35 us of fixed overhead on TPU, so blocks are big;
+#     K/V in VMEM are 2 arrays x 2 buffers x 512 x q slots (1 MiB at q = 128 float32), far
+#     below the 16 MiB scoped VMEM of a v5e.
+#   triton 64: the [r, c] scores and [c, q] K/V tiles live in registers; 64 keeps r <= 64 rows
+#     with q = 128 from spilling.
+DEFAULT_BLOCK_KV = {"mosaic-tpu": 512, "triton": 64}
 _MIN_TILE = 16  # smallest tile dim the Triton dot accepts
+
+
+def platform() -> str:
+  """The platform kernels are lowered for: the abstract device's when one is named
+  (`jax.sharding.use_abstract_mesh`, deviceless AOT), else JAX's default backend."""
+  device = jax.sharding.get_abstract_mesh().abstract_device
+  return device.platform if device is not None else jax.default_backend()
+
+
+def default_backend(interpret: bool = False) -> str:
+  """The backend for this platform; in interpret mode (which runs anywhere) the TPU-style
+  blocked kernel, the one furthest from the jnp reference."""
+  if interpret:
+    return "mosaic-tpu"
+  name = platform()
+  if name not in PLATFORM_BACKENDS:
+    raise ValueError(f"no Pallas tree-attention backend for platform {name!r} (known: "
+                     f"{sorted(PLATFORM_BACKENDS)}); run it with interpret=True "
+                     f"(attention_impl='pallas-interpret') or use attention_impl='xla'")
+  return PLATFORM_BACKENDS[name]
+
+
+def check_backend(backend: str) -> None:
+  if backend not in BACKENDS:
+    raise ValueError(f"unknown tree-attention backend {backend!r}; known: {sorted(BACKENDS)}")
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes(Checked):
   block_kv: int = field(128, ge=1)  # cache slots per online-softmax step; must divide s
+
+  @classmethod
+  def get_default(cls, backend: Backend | None = None, interpret: bool = False) -> BlockSizes:
+    """The documented default for `backend` (None: this platform's, see `default_backend`);
+    values and reasons in `DEFAULT_BLOCK_KV`."""
+    backend = backend or default_backend(interpret)
+    check_backend(backend)
+    return cls(DEFAULT_BLOCK_KV[backend])
 
 
 def _tile(n: int) -> int:
@@ -56,58 +108,19 @@ def _tile(n: int) -> int:
   return max(_MIN_TILE, pl.next_power_of_2(n))
 
 
-def _dot_nt(a: jax.Array, b: jax.Array) -> jax.Array:
-  """a [m, n] . b [p, n]^T -> [m, p] float32."""
-  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+def _check_block_kv(backend: str, block_kv: int, s: int, dtype) -> None:
+  """Each backend's tile rule for the KV block, then divisibility of the cache length."""
+  if backend == "triton" and (block_kv < _MIN_TILE or block_kv & (block_kv - 1)):
+    raise ValueError(f"block_kv={block_kv} must be a power of two >= {_MIN_TILE} on triton")
+  sublanes = 8 * 4 // min(4, jnp.dtype(dtype).itemsize)  # Mosaic's second-minor tile
+  if backend == "mosaic-tpu" and block_kv % sublanes and block_kv != s:
+    raise ValueError(f"block_kv={block_kv} must be a multiple of {sublanes} for a "
+                     f"{jnp.dtype(dtype).name} cache on mosaic-tpu")
+  if s % block_kv != 0:
+    raise ValueError(f"block_kv={block_kv} does not divide the cache length s={s}")
 
 
-def _dot_nn(a: jax.Array, b: jax.Array) -> jax.Array:
-  """a [m, n] . b [n, p] -> [m, p] float32."""
-  return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-
-
-def _tree_attention_kernel(lengths_ref, q_ref, k_ref, v_ref, tree_ref, o_ref, *, block_kv: int,
-                           num_new: int, scale: float):
-  """One (b, kv head): lengths_ref [] ; q_ref [r, q]; k_ref, v_ref [s, q]; tree_ref [r, u]."""
-  length = lengths_ref[()]
-  q = q_ref[...].astype(jnp.float32) * scale  # [r, q]
-  tree = tree_ref[...]  # [r, u] float32 0/1
-  rows, u = tree.shape
-  num_blocks = k_ref.shape[0] // block_kv
-  end = length + num_new  # first stale slot
-
-  def step(i, carry, masked: bool):
-    m, l, acc = carry  # [r], [r], [r, q]
-    start = pl.multiple_of(i * block_kv, block_kv)
-    k = k_ref[pl.ds(start, block_kv), :].astype(jnp.float32)  # [c, q]
-    v = v_ref[pl.ds(start, block_kv), :].astype(jnp.float32)  # [c, q]
-    scores = _dot_nt(q, k)  # [r, c]
-    if masked:
-      slot = start + lax.broadcasted_iota(jnp.int32, (1, block_kv), 1)  # [1, c]
-      rel = slot - length  # [1, c]
-      onehot = (rel == lax.broadcasted_iota(jnp.int32, (u, block_kv), 0)).astype(jnp.float32)
-      visible = (rel < 0) | (_dot_nn(tree, onehot) > 0.5)  # [r, c]
-      scores = jnp.where(visible, scores, _NEG)
-      v = jnp.where(slot.reshape(block_kv, 1) < end, v, 0.0)  # stale values may be NaN
-    m_new = jnp.maximum(m, scores.max(axis=1))  # [r]
-    p = jnp.exp(scores - m_new[:, None])  # [r, c]
-    if masked:
-      p = jnp.where(visible, p, 0.0)  # a row with nothing visible yet must add nothing
-    corr = jnp.exp(m - m_new)  # [r]
-    l = corr * l + p.sum(axis=1)
-    acc = corr[:, None] * acc + _dot_nn(p, v)
-    return m_new, l, acc
-
-  carry = (jnp.full((rows,), _NEG, jnp.float32), jnp.zeros((rows,), jnp.float32),
-           jnp.zeros(q.shape, jnp.float32))
-  full = jnp.clip(length // block_kv, 0, num_blocks)  # blocks entirely below length
-  last = jnp.clip(pl.cdiv(end, block_kv), full, num_blocks)  # blocks reaching the new block
-  carry = lax.fori_loop(0, full, functools.partial(step, masked=False), carry)
-  _, l, acc = lax.fori_loop(full, last, functools.partial(step, masked=True), carry)
-  o_ref[...] = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
-
-
-def _validate(q, k, v, lengths, tree_mask, block_sizes: BlockSizes) -> None:
+def _validate(q, k, v, lengths, tree_mask) -> None:
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
     raise ValueError(f"expected q [b, t, h, q] and k, v [b, k, s, q], got q {q.shape}, "
                      f"k {k.shape}, v {v.shape}")
@@ -134,11 +147,6 @@ def _validate(q, k, v, lengths, tree_mask, block_sizes: BlockSizes) -> None:
     raise ValueError(f"tree_mask must be bool, got {tree_mask.dtype}")
   if t < 1 or s < 1:
     raise ValueError(f"need t >= 1 new tokens and s >= 1 cache slots, got t={t} s={s}")
-  block_kv = block_sizes.block_kv
-  if block_kv < 1:
-    raise ValueError(f"block_kv={block_kv} must be >= 1")
-  if s % block_kv != 0:
-    raise ValueError(f"block_kv={block_kv} does not divide the cache length s={s}")
   if not isinstance(lengths, jax.core.Tracer):  # concrete: check the values too (host side)
     bad = [int(n) for n in jax.device_get(lengths) if not 0 <= n <= s - t]
     if bad:
@@ -146,12 +154,13 @@ def _validate(q, k, v, lengths, tree_mask, block_sizes: BlockSizes) -> None:
                        f"(need 0 <= length <= {s - t})")
 
 
-@functools.partial(jax.jit, static_argnames=("block_sizes", "interpret"))
-def _tree_attention(q, k, v, lengths, tree_mask, block_sizes: BlockSizes, interpret: bool):
+@functools.partial(jax.jit, static_argnames=("backend", "block_kv", "interpret"))
+def _tree_attention(q, k, v, lengths, tree_mask, backend: str, block_kv: int, interpret: bool):
   b, t, h, dq = q.shape
-  kh, s = k.shape[1], k.shape[2]
+  kh = k.shape[1]
   g = h // kh
-  rows, u, dp = _tile(t * g), _tile(t), _tile(dq)
+  rows, u = _tile(t * g), _tile(t)
+  dp = _tile(dq) if backend == "triton" else dq
   # Rows of one kv head ordered (t, g): query head kh * g + gi of token ti is row ti * g + gi.
   qr = q.reshape(b, t, kh, g, dq).transpose(0, 2, 1, 3, 4).reshape(b, kh, t * g, dq)
   qr = jnp.pad(qr, ((0, 0), (0, 0), (0, rows - t * g), (0, dp - dq)))  # [b, k, r, q]
@@ -160,30 +169,15 @@ def _tree_attention(q, k, v, lengths, tree_mask, block_sizes: BlockSizes, interp
     v = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, dp - dq)))
   tree = jnp.repeat(tree_mask, g, axis=1).astype(jnp.float32)  # [b, t * g, t]
   tree = jnp.pad(tree, ((0, 0), (0, rows - t * g), (0, u - t)))  # [b, r, u]; padding hidden
-  kernel = functools.partial(_tree_attention_kernel, block_kv=block_sizes.block_kv, num_new=t,
-                             scale=dq ** -0.5)
-  out = pl.pallas_call(
-      kernel,
-      out_shape=jax.ShapeDtypeStruct((b, kh, rows, dp), q.dtype),
-      grid=(b, kh),
-      in_specs=[
-          pl.BlockSpec((None,), lambda i, j: (i,)),  # lengths -> []
-          pl.BlockSpec((None, None, rows, dp), lambda i, j: (i, j, 0, 0)),  # q -> [r, q]
-          pl.BlockSpec((None, None, s, dp), lambda i, j: (i, j, 0, 0)),  # k -> [s, q]
-          pl.BlockSpec((None, None, s, dp), lambda i, j: (i, j, 0, 0)),  # v -> [s, q]
-          pl.BlockSpec((None, rows, u), lambda i, j: (i, 0, 0)),  # tree -> [r, u]
-      ],
-      out_specs=pl.BlockSpec((None, None, rows, dp), lambda i, j: (i, j, 0, 0)),
-      interpret=interpret,
-      name="tree_attention",
-  )(lengths.astype(jnp.int32), qr, k, v, tree)  # [b, k, r, q]
+  out = BACKENDS[backend](lengths.astype(jnp.int32), qr, k, v, tree, block_kv=block_kv,
+                          num_new=t, scale=dq ** -0.5, interpret=interpret)  # [b, k, r, q]
   out = out[:, :, :t * g, :dq].reshape(b, kh, t, g, dq)
   return out.transpose(0, 2, 1, 3, 4).reshape(b, t, h, dq)
 
 
 def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array,
-                   tree_mask: jax.Array, *, block_sizes: BlockSizes = BlockSizes(),
-                   interpret: bool = False) -> jax.Array:
+                   tree_mask: jax.Array, *, backend: Backend | None = None,
+                   block_sizes: BlockSizes | None = None, interpret: bool = False) -> jax.Array:
   """Attention of t new tokens over a ragged cache prefix plus their tree ancestors.
 
   Args:
@@ -192,15 +186,21 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array,
     lengths: [b] int prefix length per sequence, 0 <= lengths <= s - t (checked when concrete).
     tree_mask: [b, t, t] bool, tree_mask[b, i, j]: node j is an ancestor-or-self of node i
       (causal for a chain).
-    block_sizes: kernel tiling; block_kv must divide s.
-    interpret: run the kernel in the Pallas interpreter (CPU, tests).
+    backend: one of `BACKENDS`; None picks by platform (`default_backend`).
+    block_sizes: kernel tiling, None for `BlockSizes.get_default(backend)`; block_kv must divide
+      s and fit the backend's tile rule.
+    interpret: run the backend's kernel in the Pallas interpreter (CPU, tests).
 
   Returns:
     [b, t, h, q] in q.dtype; equals `tree_attention_reference` (see the module docstring for the
     extra guarantees on stale slots).
   """
-  _validate(q, k, v, lengths, tree_mask, block_sizes)
-  return _tree_attention(q, k, v, lengths, tree_mask, block_sizes, interpret)
+  backend = backend or default_backend(interpret)
+  check_backend(backend)
+  block_sizes = block_sizes or BlockSizes.get_default(backend)
+  _validate(q, k, v, lengths, tree_mask)
+  _check_block_kv(backend, block_sizes.block_kv, k.shape[2], k.dtype)
+  return _tree_attention(q, k, v, lengths, tree_mask, backend, block_sizes.block_kv, interpret)
 
 
 def tree_attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array,

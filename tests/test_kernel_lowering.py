@@ -1,0 +1,114 @@
+"""The tree-attention kernel lowers for GPU and TPU, proved on CPU with no accelerator.
+
+JAX's deviceless AOT pattern: inside `jax.sharding.use_abstract_mesh` with an `AbstractDevice`
+naming a chip, `jit(f).trace(...).lower(lowering_platforms=(p,))` runs the Pallas lowering for
+that chip (Pallas -> Mosaic TPU MLIR / Triton IR, with each backend's block-shape and op checks),
+so a kernel change that breaks GPU or TPU lowering fails here. Not proved: the chip compilers
+behind the custom call (libtpu's Mosaic passes, Triton -> PTX), nor numerics on the chip
+(tests/test_tree_attention.py checks each kernel body in interpret mode).
+"""
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+from speculax.models import llama
+from speculax.models.config import get_preset
+from speculax.models.kernels.tree_attention import BlockSizes, tree_attention
+from speculax.models.kvcache import KVCache
+
+CHIPS = {
+    "tpu-v5e": AbstractDevice("TPU v5 lite", 1, "tpu"),
+    "tpu-v5p": AbstractDevice("TPU v5p", 2, "tpu"),
+    "h100": AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda"),
+}
+# What each backend's kernel becomes in the lowered module: (custom call target, kernel name).
+KERNEL_CALLS = {"mosaic-tpu": ("tpu_custom_call", "tree_attention_tpu"),
+                "triton": ("__gpu$xla.gpu.triton", "tree_attention_triton")}
+S = jax.ShapeDtypeStruct
+
+
+def lower(fn, args, chip: str) -> str:
+  """StableHLO text of jit(fn)(*args) lowered for `chip`, deviceless."""
+  device = CHIPS[chip]
+  with use_abstract_mesh(AbstractMesh((1,), ("data",), abstract_device=device)):
+    platform = device.platform
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
+def custom_calls(text: str) -> list[str]:
+  return re.findall(r"custom_call @([\w$.]+)\(", text)
+
+
+def kernel_args(b=2, t=5, kh=2, g=3, dq=64, s=1024, dtype=jnp.float32):
+  return (S((b, t, kh * g, dq), dtype), S((b, kh, s, dq), dtype), S((b, kh, s, dq), dtype),
+          S((b,), jnp.int32), S((b, t, t), jnp.bool_))
+
+
+def assert_kernel(text: str, backend: str, count: int = 1):
+  target, name = KERNEL_CALLS[backend]
+  assert custom_calls(text).count(target) == count, custom_calls(text)
+  assert name in text
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("backend, chip", [("mosaic-tpu", "tpu-v5e"), ("mosaic-tpu", "tpu-v5p"),
+                                           ("triton", "h100")])
+def test_kernel_lowers(backend, chip, dtype):
+  text = lower(lambda *a: tree_attention(*a, backend=backend), kernel_args(dtype=dtype), chip)
+  assert_kernel(text, backend)
+
+
+@pytest.mark.parametrize("chip, backend", [("tpu-v5e", "mosaic-tpu"), ("h100", "triton")])
+def test_platform_picks_its_backend(chip, backend):
+  """backend=None (attention_impl="pallas") reads the platform from the abstract device."""
+  text = lower(lambda *a: tree_attention(*a), kernel_args(), chip)
+  assert_kernel(text, backend)
+
+
+@pytest.mark.parametrize("impl, chip, backend", [
+    ("pallas", "tpu-v5e", "mosaic-tpu"), ("pallas", "h100", "triton"),
+    ("pallas-mosaic-tpu", "tpu-v5p", "mosaic-tpu"), ("pallas-triton", "h100", "triton"),
+])
+def test_model_forward_with_kernel_lowers(impl, chip, backend):
+  """The whole tiny model's tree-verify forward against a KV cache, kernel inside the layer scan
+  (one kernel call in the scan body)."""
+  cfg = get_preset("tiny").with_runtime(attention_impl=impl)
+  b, t = 2, 4
+  with use_abstract_mesh(AbstractMesh((1,), ("data",), abstract_device=CHIPS[chip])):
+    params = jax.eval_shape(lambda key: llama.init_params(cfg, key), jax.random.key(0))
+    cache = jax.eval_shape(lambda: KVCache.init(cfg, b, 64))  # rounded to the default block
+  assert cache.k.shape[3] % BlockSizes.get_default(backend).block_kv == 0
+  forward = lambda p, tok, pos, c, m: llama.forward(p, cfg, tok, pos, c, m)
+  args = (params, S((b, t), jnp.int32), S((b, t), jnp.int32), cache, S((b, t, t), jnp.bool_))
+  assert_kernel(lower(forward, args, chip), backend)
+
+
+def _pallas_call(jaxpr):
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      return eqn
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      if found := _pallas_call(sub):
+        return found
+  return None
+
+
+def tpu_blocks(s: int):
+  """(grid, K/V block shape, scalar prefetch count) of the TPU kernel for a cache of s slots."""
+  fn = lambda *a: tree_attention(*a, backend="mosaic-tpu", block_sizes=BlockSizes(256))
+  grid_mapping = _pallas_call(jax.make_jaxpr(fn)(*kernel_args(s=s)).jaxpr).params["grid_mapping"]
+  k_block = grid_mapping.block_mappings[1]
+  return grid_mapping.grid, tuple(map(str, k_block.block_shape)), grid_mapping.num_index_operands
+
+
+def test_tpu_kernel_streams_kv_blocks():
+  """VMEM per step does not grow with the cache: the K/V block is [c, q] whatever s is, the grid
+  walks s / c blocks, and lengths is the one scalar-prefetch operand."""
+  grid_small, block_small, prefetch = tpu_blocks(1024)
+  grid_big, block_big, _ = tpu_blocks(8192)
+  assert block_small == block_big and "256" in block_small[2] and "64" in block_small[3]
+  assert grid_small == (2, 2, 4) and grid_big == (2, 2, 32)
+  assert prefetch == 1
