@@ -8,6 +8,7 @@ hidden states its prefill must return, `start` (prefill outputs -> the loop stat
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -95,16 +96,20 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
     logits, hidden, cache = prefill(params, config, tokens, lengths, cache, program.hidden_layers)
     return program.start(params, tokens, lengths, logits, hidden, cache, key, max_len, done)
 
-  compile_s = 0.0
-  if warmup:
-    t = time.perf_counter()
-    jax.block_until_ready(program.loop(params, begin(jax.tree.map(jnp.copy, cache), True)))
-    compile_s = time.perf_counter() - t
-  t0 = time.perf_counter()
-  state = jax.block_until_ready(begin(cache, False))
-  t1 = time.perf_counter()
-  state = jax.block_until_ready(program.loop(params, state))
-  t2 = time.perf_counter()
+  # The attention kernel reads the mesh in context to run per shard (shard_map); XLA's own
+  # attention is partitioned from the arrays' shardings alone.
+  kernel_mesh = mesh is not None and config.runtime.attention_impl != "xla"
+  with jax.set_mesh(sharding.make_mesh(mesh)) if kernel_mesh else contextlib.nullcontext():
+    compile_s = 0.0
+    if warmup:
+      t = time.perf_counter()
+      jax.block_until_ready(program.loop(params, begin(jax.tree.map(jnp.copy, cache), True)))
+      compile_s = time.perf_counter() - t
+    t0 = time.perf_counter()
+    state = jax.block_until_ready(begin(cache, False))
+    t1 = time.perf_counter()
+    state = jax.block_until_ready(program.loop(params, state))
+    t2 = time.perf_counter()
   buffer, first, n = (np.asarray(x) for x in program.new_tokens(state))
   out = [buffer[i, first[i]:first[i] + n[i]].tolist() for i in range(b)]
   return state, DecodeOutput(tokens=out, prefill_s=t1 - t0, decode_s=t2 - t1,

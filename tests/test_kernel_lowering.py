@@ -1,4 +1,5 @@
-"""The tree-attention kernel lowers for GPU and TPU, proved on CPU with no accelerator.
+"""The tree-attention kernel, the model forward and the whole jitted speculative loop with it
+lower for GPU and TPU, proved on CPU with no accelerator.
 
 JAX's deviceless AOT pattern: inside `jax.sharding.use_abstract_mesh` with an `AbstractDevice`
 naming a chip, `jit(f).trace(...).lower(lowering_platforms=(p,))` runs the Pallas lowering for
@@ -14,6 +15,10 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
+from speculax.decode.config import SpecConfig
+from speculax.decode.speculative import _start, block_shape, spec_loop
+from speculax.drafters.prompt_lookup import PromptLookup
+from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models import llama
 from speculax.models.config import get_preset
 from speculax.models.kernels.tree_attention import BlockSizes, tree_attention
@@ -112,3 +117,34 @@ def test_tpu_kernel_streams_kv_blocks():
   assert block_small == block_big and "256" in block_small[2] and "64" in block_small[3]
   assert grid_small == (2, 2, 4) and grid_big == (2, 2, 32)
   assert prefetch == 1
+
+
+def spec_loop_args(cfg, drafter, spec, b=2, prompt=8):
+  """Abstract (params, dparams, config, spec, drafter, state) for `spec_loop`: state is what
+  `_start` builds after a prefill, from shapes only (eval_shape), on unstacked layers as the
+  engine runs them."""
+  max_len = prompt + spec.max_new_tokens + block_shape(drafter, spec)[0] + 1
+  params = jax.eval_shape(lambda key: llama.unstack_layers(llama.init_params(cfg, key)),
+                          jax.random.key(0))
+  cache = jax.eval_shape(lambda: KVCache.init(cfg, b, max_len, per_layer=True))
+  start = lambda p, tokens, lengths, logits, c, key: _start(
+      p, None, cfg, spec, drafter, tokens, lengths, logits, None, c, key, max_len, False)
+  state = jax.eval_shape(start, params, S((b, prompt), jnp.int32), S((b,), jnp.int32),
+                         S((b, cfg.vocab_size), jnp.float32), cache, jax.random.key(0))
+  return params, None, cfg, spec, drafter, state
+
+
+@pytest.mark.parametrize("drafter", [PromptLookup(), TokenRecycling()], ids=["chain", "tree"])
+@pytest.mark.parametrize("chip, backend", [("tpu-v5e", "mosaic-tpu"), ("h100", "triton")])
+def test_speculative_loop_with_kernel_lowers(chip, backend, drafter):
+  """The whole jitted draft-then-verify while_loop (decode/speculative.py's `spec_loop`) with
+  attention_impl="pallas" lowers for the chip, the kernel in every layer's verify attention:
+  a chain (causal block mask) and a Token Recycling tree (tree mask)."""
+  cfg = get_preset("tiny").with_runtime(attention_impl="pallas")
+  spec = SpecConfig(max_new_tokens=8, k=3)
+  with use_abstract_mesh(AbstractMesh((1,), ("data",), abstract_device=CHIPS[chip])):
+    args = spec_loop_args(cfg, drafter, spec)
+    text = spec_loop.trace(*args).lower(lowering_platforms=(CHIPS[chip].platform,)).as_text()
+  assert "stablehlo.while" in text
+  assert_kernel(text, backend)  # one kernel function, called by each layer (unrolled)
+  assert re.findall(r"call @(\w+)\(", text).count("_tree_attention") == cfg.n_layers

@@ -28,6 +28,14 @@ u = max(16, next_pow2(t)), both cheap (q and the mask are small). On Triton a he
 a power of two >= 16 is padded too, which copies the cache: fine for tests, avoid it in production
 (Llama head dims are 64 or 128).
 
+Under a mesh (an abstract or concrete mesh in context: `jax.set_mesh`, `use_abstract_mesh`) the
+kernel runs through `jax.shard_map`, each device on its local shard: batch over the mesh's
+`BATCH_AXES`, kv heads (with their query heads) over `HEAD_AXIS`. A pallas_call is opaque to
+XLA's partitioner, which would otherwise gather the whole cache onto every device. A dim that an
+axis does not divide stays replicated on it (correct, just not split). With no mesh in context
+the call is not split; decoding with `mesh=` (decode/engine.py) enters its mesh for the kernel
+(tests/test_sharded_kernel.py).
+
 Guarantees beyond the reference: stale slots (>= lengths[b] + t) may hold anything, NaN and inf
 included, without changing the output (their scores are replaced and their values zeroed). A row
 that sees no slot at all (impossible for a valid tree mask, whose diagonal is true) outputs 0,
@@ -42,6 +50,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
 
 from speculax.core.fields import Checked, field
 from speculax.models.attention import attention, prefix_block_mask
@@ -63,6 +72,9 @@ PLATFORM_BACKENDS = {"tpu": "mosaic-tpu", "gpu": "triton", "cuda": "triton", "ro
 #     with q = 128 from spilling.
 DEFAULT_BLOCK_KV = {"mosaic-tpu": 512, "triton": 64}
 _MIN_TILE = 16  # smallest tile dim the Triton dot accepts
+# Mesh axes the kernel splits over (models/sharding.py's rules map batch and kv_heads to these).
+BATCH_AXES = ("data", "fsdp")
+HEAD_AXIS = "tensor"
 
 
 def platform() -> str:
@@ -200,7 +212,35 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array,
   block_sizes = block_sizes or BlockSizes.get_default(backend)
   _validate(q, k, v, lengths, tree_mask)
   _check_block_kv(backend, block_sizes.block_kv, k.shape[2], k.dtype)
-  return _tree_attention(q, k, v, lengths, tree_mask, backend, block_sizes.block_kv, interpret)
+  run = functools.partial(_tree_attention, backend=backend, block_kv=block_sizes.block_kv,
+                          interpret=interpret)
+  mesh = jax.sharding.get_abstract_mesh()
+  batch, heads = _split_axes(mesh, q.shape[0], k.shape[1])
+  if not batch and heads is None:
+    return run(q, k, v, lengths, tree_mask)
+  bs = batch or None
+  q_spec = P(bs, None, heads, None)  # [b, t, h, q]
+  kv_spec = P(bs, heads, None, None)  # [b, k, s, q]
+  # Manual over the split axes only (others stay as they are, e.g. already manual in a caller's
+  # shard_map); check_vma=False: pallas_call does not declare how its outputs vary over axes.
+  return jax.shard_map(run, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, P(bs), P(bs)),
+                       out_specs=q_spec, axis_names=set(batch) | ({heads} - {None}),
+                       check_vma=False)(q, k, v, lengths, tree_mask)
+
+
+def _split_axes(mesh, b: int, kh: int) -> tuple[tuple[str, ...], str | None]:
+  """(BATCH_AXES that split b, HEAD_AXIS if it splits kh) among the mesh's non-manual axes of
+  size > 1. Query head i belongs to kv head i // g, so splitting h like k keeps each group on
+  its kv head's device."""
+  sizes = {n: size for n, size in mesh.shape.items()
+           if size > 1 and n not in mesh.manual_axes} if not mesh.empty else {}
+  batch, ways = [], 1
+  for axis in BATCH_AXES:
+    if axis in sizes and b % (ways * sizes[axis]) == 0:
+      batch.append(axis)
+      ways *= sizes[axis]
+  heads = HEAD_AXIS if HEAD_AXIS in sizes and kh % sizes[HEAD_AXIS] == 0 else None
+  return tuple(batch), heads
 
 
 def tree_attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array,
