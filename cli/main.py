@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from speculax.cli import generate, serve_bench, train
+from speculax.cli import export, generate, serve_bench, train
 from speculax.cli.args import Parser, fail
 
 
@@ -14,6 +14,7 @@ def main(argv: list[str] | None = None) -> int:
   generate.add_parser(sub)
   train.add_parser(sub)
   serve_bench.add_parser(sub)
+  export.add_parser(sub)
   args = parser.parse_args(argv)
   try:
     return args.run(args)

@@ -35,6 +35,24 @@ HF_LAYER_KEYS: dict[str, str] = {
     "mlp.up_proj.weight": "up",
     "mlp.down_proj.weight": "down",
 }
+# config.json key -> LlamaConfig field, read by `config_from_hf` and written by `config_to_hf`.
+HF_CONFIG_SIZES: dict[str, str] = {
+    "vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads",
+    "head_dim": "head_dim", "intermediate_size": "d_ff",
+}
+# config.json key -> (field, type, transformers' default when the key is absent).
+HF_CONFIG_SCALARS: dict[str, tuple[str, type, Any]] = {
+    "rms_norm_eps": ("norm_eps", float, 1e-6),
+    "tie_word_embeddings": ("tie_embeddings", bool, False),
+    "max_position_embeddings": ("max_seq_len", int, 2048),
+}
+# llama3 rope_scaling key -> (RopeScaling field, type).
+HF_ROPE_KEYS: dict[str, tuple[str, type]] = {
+    "factor": ("factor", float), "low_freq_factor": ("low_freq_factor", float),
+    "high_freq_factor": ("high_freq_factor", float),
+    "original_max_position_embeddings": ("original_max_position", int),
+}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent buffers some old saves contain
 
 
@@ -57,6 +75,19 @@ def layer_param(key: str, w: np.ndarray, c: LlamaConfig) -> np.ndarray:
     return w.T.reshape(h, q, d)  # [h, q, d]
   if key in ("gate", "up", "down"):
     return w.T  # gate/up [d, f], down [f, d]
+  return w  # norms [d]
+
+
+def torch_layout(key: str, w: np.ndarray, c: LlamaConfig) -> np.ndarray:
+  """Inverse of `layer_param`: one layer's weight in our layout -> torch layout ([out, in])."""
+  ours = layer_param(key, np.empty(torch_layout_shape(key, c), np.int8), c).shape
+  assert w.shape == ours, (key, w.shape, ours)
+  if key in ("q", "k", "v"):
+    return w.reshape(c.d_model, -1).T  # [h*q or k*q, d]
+  if key == "o":
+    return w.reshape(-1, c.d_model).T  # [d, h*q]
+  if key in ("gate", "up", "down"):
+    return w.T  # gate/up [f, d], down [d, f]
   return w  # norms [d]
 
 
@@ -83,6 +114,19 @@ def load_hf_folder(folder: str | pathlib.Path, *, param_dtype: str = "float32"
   return config, to_jax(params, param_dtype)
 
 
+def config_to_hf(c: LlamaConfig, torch_dtype: str) -> dict:
+  """The transformers LlamaForCausalLM config.json dict that `config_from_hf` reads back to `c`."""
+  cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+         "attention_bias": False, "mlp_bias": False, "torch_dtype": torch_dtype,
+         "rope_theta": c.rope_theta}
+  cfg |= {hf: getattr(c, ours) for hf, ours in HF_CONFIG_SIZES.items()}
+  cfg |= {hf: getattr(c, ours) for hf, (ours, _, _) in HF_CONFIG_SCALARS.items()}
+  cfg["rope_scaling"] = None if c.rope_scaling is None else {
+      "rope_type": "llama3",
+      **{hf: getattr(c.rope_scaling, ours) for hf, (ours, _) in HF_ROPE_KEYS.items()}}
+  return cfg
+
+
 def config_from_hf(cfg: dict, path: pathlib.Path, *, param_dtype: str = "float32"
                    ) -> LlamaConfig:
   """LlamaConfig from a transformers config.json dict (v4 `rope_scaling` or v5 `rope_parameters`).
@@ -100,11 +144,9 @@ def config_from_hf(cfg: dict, path: pathlib.Path, *, param_dtype: str = "float32
       raise ValueError(f"{path}: {key}={cfg[key]!r} is not supported (need {ok!r})")
   try:
     h, d = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
-    sizes = dict(vocab_size=int(cfg["vocab_size"]), d_model=d,
-                 n_layers=int(cfg["num_hidden_layers"]), n_heads=h,
-                 n_kv_heads=int(cfg.get("num_key_value_heads") or h),
-                 head_dim=int(cfg.get("head_dim") or d // max(h, 1)),
-                 d_ff=int(cfg["intermediate_size"]))
+    optional = {"num_key_value_heads": h, "head_dim": d // max(h, 1)}  # transformers' defaults
+    sizes = {ours: int(cfg.get(hf) or optional[hf]) if hf in optional else int(cfg[hf])
+             for hf, ours in HF_CONFIG_SIZES.items()}
   except KeyError as e:
     raise ValueError(f"{path} lacks required key {e.args[0]!r}") from e
   except (TypeError, ValueError) as e:  # e.g. "hidden_size": null
@@ -113,13 +155,12 @@ def config_from_hf(cfg: dict, path: pathlib.Path, *, param_dtype: str = "float32
   scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default"
                                         else None)
   try:
+    scalars = {ours: kind(cfg.get(hf, default))
+               for hf, (ours, kind, default) in HF_CONFIG_SCALARS.items()}
     return LlamaConfig(
-        **sizes, rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-        rope_scaling=_rope_scaling(scaling, path),
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
-        runtime=Runtime(param_dtype=param_dtype))
+        **sizes, **scalars,
+        rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+        rope_scaling=_rope_scaling(scaling, path), runtime=Runtime(param_dtype=param_dtype))
   except (TypeError, ValueError) as e:  # LlamaConfig's own checks do not know the file
     if str(path) in str(e):
       raise
@@ -135,10 +176,7 @@ def _rope_scaling(scaling: dict | None, path: pathlib.Path) -> RopeScaling | Non
   if rope_type != "llama3":
     raise ValueError(f"{path}: rope_type {rope_type!r} is not supported (only 'llama3')")
   try:
-    return RopeScaling(factor=float(scaling["factor"]),
-                       low_freq_factor=float(scaling["low_freq_factor"]),
-                       high_freq_factor=float(scaling["high_freq_factor"]),
-                       original_max_position=int(scaling["original_max_position_embeddings"]))
+    return RopeScaling(**{ours: kind(scaling[hf]) for hf, (ours, kind) in HF_ROPE_KEYS.items()})
   except KeyError as e:
     raise ValueError(f"{path}: llama3 rope scaling lacks {e.args[0]!r}") from e
 
