@@ -41,24 +41,26 @@ def read_bandwidth(n_bytes: int = 512 << 20, repeats: int = 5) -> float:
   return n_bytes / min(times)
 
 
-def verify_cost(model, k: int, repeats: int = 20) -> float:
-  """Time of a (k + 1)-token forward against a cache over a one-token one (medians): what a
-  verify step costs in one-token target steps on this machine."""
+def forward_seconds(model, t: int, repeats: int = 20) -> float:
+  """Median time of a jitted t-token forward against a cache holding 256 of 512 slots: the
+  verify forward of t - 1 drafts (t = 1: a one-token step), alone, outside any decode loop."""
   cfg, params = model.config, llama.unstack_layers(model.params)
   cache = KVCache.init(cfg, 1, 512, per_layer=True).with_lengths(jnp.full((1,), 256))
-
-  def median_s(t):
-    tokens = jnp.ones((1, t), jnp.int32)
-    positions = 256 + jnp.arange(t, dtype=jnp.int32)[None]
+  tokens = jnp.ones((1, t), jnp.int32)
+  positions = 256 + jnp.arange(t, dtype=jnp.int32)[None]
+  llama.forward_jit(params, cfg, tokens, positions, cache)[0].block_until_ready()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
     llama.forward_jit(params, cfg, tokens, positions, cache)[0].block_until_ready()
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      llama.forward_jit(params, cfg, tokens, positions, cache)[0].block_until_ready()
-      times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
 
-  return median_s(k + 1) / median_s(1)
+
+def verify_cost(model, k: int, repeats: int = 20) -> float:
+  """A (k + 1)-token forward over a one-token one: what a verify step costs in one-token target
+  steps on this machine."""
+  return forward_seconds(model, k + 1, repeats) / forward_seconds(model, 1, repeats)
 
 
 def median(xs) -> float:
@@ -141,7 +143,8 @@ def plot_tau_speedup(rows, path, title: str, panels=("greedy", "t=1"), key="samp
   for ax in axes.flat[len(panels):]:
     ax.set_visible(False)
   for ax, panel in zip(axes.flat, panels):
-    for r in (r for r in rows if r[key] == panel and r["method"] != "autoregressive"):
+    for r in (r for r in rows
+              if r[key] == panel and not r["method"].startswith("autoregressive")):
       ax.scatter(r["tau"], r["speedup"])
       ax.annotate(r["method"], (r["tau"], r["speedup"]), fontsize=7)
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
