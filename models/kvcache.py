@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from speculax.models.attention import prefix_block_mask
 from speculax.models.config import LlamaConfig
-from speculax.models.kernels.tree_attention import BlockSizes
+from speculax.models.kernels.tree_attention import runtime_kernel
 
 CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
 
@@ -36,7 +36,7 @@ class KVCache:
       raise ValueError(f"KVCache needs batch >= 1 and max_len >= 1, got {batch=} {max_len=}")
     rt = config.runtime
     if rt.attention_impl != "xla":  # the kernel walks whole blocks of slots
-      block = rt.attention_block_kv or BlockSizes.get_default(*rt.attention_kernel()).block_kv
+      block = runtime_kernel(rt)[1].block_kv
       max_len = -(-max_len // block) * block
     shape = (batch, config.n_kv_heads, max_len, config.head_dim)
     dtype = jnp.dtype(dtype or rt.dtype)

@@ -22,7 +22,7 @@ import numpy as np
 from speculax.models import kvcache
 from speculax.models.attention import attention
 from speculax.models.config import LlamaConfig
-from speculax.models.kernels.tree_attention import BlockSizes, tree_attention
+from speculax.models.kernels.tree_attention import runtime_kernel, tree_attention
 from speculax.models.kvcache import KVCache
 
 Params = dict
@@ -107,11 +107,9 @@ class Block(nn.Module):
     if block_mask is None:
       attended = attention(q, keys, values, mask)
     else:
-      backend, interpret = c.runtime.attention_kernel()
-      block_kv = c.runtime.attention_block_kv
+      backend, block_sizes, interpret = runtime_kernel(c.runtime)
       attended = tree_attention(q, keys, values, lengths, block_mask, backend=backend,
-                                block_sizes=BlockSizes(block_kv) if block_kv else None,
-                                interpret=interpret)
+                                block_sizes=block_sizes, interpret=interpret)
     x = x + jnp.einsum("bthq,hqd->btd", attended, wo)
     y = rms_norm(x, mlp_norm, c.norm_eps)
     gated = nn.silu(jnp.einsum("btd,df->btf", y, w_gate)) * jnp.einsum("btd,df->btf", y, w_up)

@@ -115,6 +115,15 @@ class BlockSizes(Checked):
     return cls(DEFAULT_BLOCK_KV[backend])
 
 
+def runtime_kernel(runtime) -> tuple[str, BlockSizes, bool]:
+  """(backend, block sizes, interpret) that a model Runtime's attention_impl and
+  attention_block_kv mean: one resolution for the cache (sized in whole blocks) and the call."""
+  backend, interpret = runtime.attention_kernel()
+  backend = backend or default_backend(interpret)
+  block_kv = runtime.attention_block_kv
+  return backend, BlockSizes(block_kv) if block_kv else BlockSizes.get_default(backend), interpret
+
+
 def _tile(n: int) -> int:
   """Smallest power of two >= max(n, 16)."""
   return max(_MIN_TILE, pl.next_power_of_2(n))
