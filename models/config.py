@@ -15,17 +15,20 @@ from speculax.core.fields import Checked, field
 DType = Literal["float32", "bfloat16", "float16"]
 # Attention of a block against the cache (decode, verify, tree verify): "xla" (jnp), or the Pallas
 # tree-attention kernel (models/kernels/tree_attention.py): "pallas" picks its backend by
-# platform (Mosaic TPU on TPU, Triton on GPU), "pallas-<backend>" names one, and
+# platform (Mosaic TPU on TPU, Mosaic GPU on CUDA, Triton on ROCm), "pallas-<backend>" names one
+# ("pallas-mosaic-tpu", "pallas-mosaic-gpu", "pallas-triton"), and
 # "pallas-interpret" runs the TPU-style blocked kernel in the Pallas interpreter (any platform;
 # CPU tests).
-AttentionImpl = Literal["xla", "pallas", "pallas-mosaic-tpu", "pallas-triton", "pallas-interpret"]
+AttentionImpl = Literal["xla", "pallas", "pallas-mosaic-tpu", "pallas-mosaic-gpu", "pallas-triton",
+                        "pallas-interpret"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Runtime(Checked):
   """How a model runs: chosen when it is loaded or served, never stored with its weights."""
-  dtype: DType = "float32"  # compute dtype
+  dtype: DType = "float32"  # compute dtype (activations); logits are float32 whatever it is
   param_dtype: DType = "float32"
+  cache_dtype: DType | None = None  # KV cache; None: the compute dtype
   attention_impl: AttentionImpl = "xla"
   # Cache slots per kernel step; None: the backend's documented default (BlockSizes.get_default).
   attention_block_kv: int | None = field(None, ge=1)
@@ -37,6 +40,19 @@ class Runtime(Checked):
     if self.attention_impl == "pallas-interpret":
       return "mosaic-tpu", True
     return self.attention_impl.removeprefix("pallas").removeprefix("-") or None, False
+
+
+# Named precisions (Runtime fields). A verify forward and a one-token step compute the same
+# logits along different paths, equal only up to rounding: ~1e-4 apart in float32 and with bf16
+# weights alone (float32 activations and cache), more once computed values are rounded to bf16
+# (the cache, the activations), where greedy speculative output can part from autoregressive on
+# a near tie. research/bf16_agreement.py measures how often; README "bf16".
+PRECISIONS: dict[str, dict[str, str]] = {
+    "float32": {},
+    "bf16 weights": dict(param_dtype="bfloat16"),
+    "bf16 weights + cache": dict(param_dtype="bfloat16", cache_dtype="bfloat16"),
+    "bf16": dict(param_dtype="bfloat16", dtype="bfloat16"),  # the cache follows the compute
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -114,6 +114,7 @@ BAD = {
                   "norm_eps": numbers(0.0), "tie_embeddings": BOOL,
                   "runtime": ("bfloat16", None, {"dtype": "bfloat16"})},
     Runtime: {"dtype": (32, "", "float8"), "param_dtype": (32, "", "bf16"),
+              "cache_dtype": (32, "", "bf16"),
               "attention_impl": (1, "", "flash"), "attention_block_kv": ints(1)},
     RopeScaling: {"factor": numbers(0.0), "low_freq_factor": numbers(0.0),
                   "high_freq_factor": numbers(0.0), "original_max_position": ints(1)},

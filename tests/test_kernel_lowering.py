@@ -3,10 +3,11 @@ lower for GPU and TPU, proved on CPU with no accelerator.
 
 JAX's deviceless AOT pattern: inside `jax.sharding.use_abstract_mesh` with an `AbstractDevice`
 naming a chip, `jit(f).trace(...).lower(lowering_platforms=(p,))` runs the Pallas lowering for
-that chip (Pallas -> Mosaic TPU MLIR / Triton IR, with each backend's block-shape and op checks),
-so a kernel change that breaks GPU or TPU lowering fails here. Not proved: the chip compilers
-behind the custom call (libtpu's Mosaic passes, Triton -> PTX), nor numerics on the chip
-(tests/test_tree_attention.py checks each kernel body in interpret mode).
+that chip (Pallas -> Mosaic TPU MLIR / Mosaic GPU MLIR / Triton IR, with each backend's
+block-shape, layout and op checks), so a kernel change that breaks GPU or TPU lowering fails
+here. Not proved: the chip compilers behind the custom call (libtpu's Mosaic passes, Mosaic GPU
+or Triton -> PTX, ptxas register limits), nor numerics on the chip (tests/test_tree_attention.py
+checks each kernel body in interpret mode).
 """
 import re
 
@@ -31,6 +32,7 @@ CHIPS = {
 }
 # What each backend's kernel becomes in the lowered module: (custom call target, kernel name).
 KERNEL_CALLS = {"mosaic-tpu": ("tpu_custom_call", "tree_attention_tpu"),
+                "mosaic-gpu": ("mosaic_gpu_v2", "tree_attention_mosaic_gpu"),
                 "triton": ("__gpu$xla.gpu.triton", "tree_attention_triton")}
 S = jax.ShapeDtypeStruct
 
@@ -60,13 +62,13 @@ def assert_kernel(text: str, backend: str, count: int = 1):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("backend, chip", [("mosaic-tpu", "tpu-v5e"), ("mosaic-tpu", "tpu-v5p"),
-                                           ("triton", "h100")])
+                                           ("mosaic-gpu", "h100"), ("triton", "h100")])
 def test_kernel_lowers(backend, chip, dtype):
   text = lower(lambda *a: tree_attention(*a, backend=backend), kernel_args(dtype=dtype), chip)
   assert_kernel(text, backend)
 
 
-@pytest.mark.parametrize("chip, backend", [("tpu-v5e", "mosaic-tpu"), ("h100", "triton")])
+@pytest.mark.parametrize("chip, backend", [("tpu-v5e", "mosaic-tpu"), ("h100", "mosaic-gpu")])
 def test_platform_picks_its_backend(chip, backend):
   """backend=None (attention_impl="pallas") reads the platform from the abstract device."""
   text = lower(lambda *a: tree_attention(*a), kernel_args(), chip)
@@ -74,8 +76,9 @@ def test_platform_picks_its_backend(chip, backend):
 
 
 @pytest.mark.parametrize("impl, chip, backend", [
-    ("pallas", "tpu-v5e", "mosaic-tpu"), ("pallas", "h100", "triton"),
-    ("pallas-mosaic-tpu", "tpu-v5p", "mosaic-tpu"), ("pallas-triton", "h100", "triton"),
+    ("pallas", "tpu-v5e", "mosaic-tpu"), ("pallas", "h100", "mosaic-gpu"),
+    ("pallas-mosaic-tpu", "tpu-v5p", "mosaic-tpu"), ("pallas-mosaic-gpu", "h100", "mosaic-gpu"),
+    ("pallas-triton", "h100", "triton"),
 ])
 def test_model_forward_with_kernel_lowers(impl, chip, backend):
   """The whole tiny model's tree-verify forward against a KV cache, kernel inside the layer scan
@@ -135,7 +138,7 @@ def spec_loop_args(cfg, drafter, spec, b=2, prompt=8):
 
 
 @pytest.mark.parametrize("drafter", [PromptLookup(), TokenRecycling()], ids=["chain", "tree"])
-@pytest.mark.parametrize("chip, backend", [("tpu-v5e", "mosaic-tpu"), ("h100", "triton")])
+@pytest.mark.parametrize("chip, backend", [("tpu-v5e", "mosaic-tpu"), ("h100", "mosaic-gpu")])
 def test_speculative_loop_with_kernel_lowers(chip, backend, drafter):
   """The whole jitted draft-then-verify while_loop (decode/speculative.py's `spec_loop`) with
   attention_impl="pallas" lowers for the chip, the kernel in every layer's verify attention:

@@ -67,7 +67,7 @@ def test_sharded_interpret_decode_equals_unsharded(tiny, drafter, monkeypatch):
 
 @pytest.mark.parametrize("device, target", [
     (AbstractDevice("TPU v5 lite", 1, "tpu"), "tpu_custom_call"),
-    (AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda"), "__gpu$xla.gpu.triton")],
+    (AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda"), "mosaic_gpu_v2")],
     ids=["tpu-v5e", "h100"])
 def test_sharded_kernel_lowers_for_a_mesh(device, target):
   """On a 2 x 2 (data x tensor) abstract mesh of chips the kernel lowers to one kernel call run

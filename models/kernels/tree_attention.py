@@ -9,24 +9,27 @@ Semantics (equal to `tree_attention_reference`): query i of row b sees slots < l
 lengths[b] + j iff tree_mask[b, i, j]; the new block's own K/V are already written at slots
 lengths[b] + [0, t). Slots >= lengths[b] + t are stale and invisible.
 
-Backends (one function, `backend=`; all share `tree_attention_common.attend_block`, the online
-softmax step with the in-kernel prefix+tree mask, and this wrapper's validation and layout):
+Backends (one function, `backend=`; all share this wrapper's validation and layout, and the TPU
+and Triton ones `tree_attention_common.attend_block`, the online-softmax step with the in-kernel
+prefix+tree mask):
   - "mosaic-tpu" (tree_attention_tpu.py): grid (b, k, KV blocks), K/V streamed through VMEM one
     [c, q] block per step, lengths as scalar prefetch;
+  - "mosaic-gpu" (tree_attention_mosaic_gpu.py, Hopper; JAX's default Pallas lowering on CUDA):
+    grid (b, k), one warpgroup walks the KV blocks, TMA-copied into SMEM, both matmuls
+    `plgpu.wgmma` (16-bit: a float32 cache is cast to bf16), the tree mask precomputed for the
+    few slots it can cover, since Mosaic GPU has no dot_general on register arrays;
   - "triton" (tree_attention_triton.py): grid (b, k), a loop over KV blocks in each program;
-    deprecated by JAX from 0.11, kept while JAX ships it;
-  - no Mosaic GPU backend yet: Mosaic GPU (JAX's default Pallas GPU lowering) has no
-    dot_general on register arrays (matmuls are `plgpu.wgmma` over swizzled SMEM refs in 64-row
-    warpgroup tiles) and refuses the 4-byte `lengths` copy, so it needs its own kernel.
+    deprecated by JAX from 0.11, kept while JAX ships it (and the default on ROCm).
 `backend=None` picks by platform (`default_backend`). `interpret=True` runs the chosen backend's
-kernel in the Pallas interpreter (CPU, tests). One program always takes the g query heads of one
-kv head together as an [r, q] tile, so each K/V block is read once per group, and blocks past
-lengths[b] + t cost no compute, so cost follows the ragged length, not s.
+kernel in an interpreter on CPU (Mosaic GPU's own for "mosaic-gpu"). One program always takes
+the g query heads of one kv head as an [r, q] tile, so each K/V block is read once per group, and
+blocks past lengths[b] + t cost no compute, so cost follows the ragged length, not s.
 
-Padding (done here, sliced off after): rows to r = max(16, next_pow2(t * g)), tree columns to
-u = max(16, next_pow2(t)), both cheap (q and the mask are small). On Triton a head dim that is not
-a power of two >= 16 is padded too, which copies the cache: fine for tests, avoid it in production
-(Llama head dims are 64 or 128).
+Padding (done here, sliced off after): rows to r = max(16, next_pow2(t * g)) (then to a multiple
+of 64, wgmma's M, on Mosaic GPU), tree columns to u = max(16, next_pow2(t)), both cheap (q and the
+mask are small). A head dim that is not a power of two >= 16 on Triton, or not a multiple of 64 on
+Mosaic GPU, is padded too, which copies the cache: fine for tests, avoid it in production (Llama
+head dims are 64 or 128).
 
 Under a mesh (an abstract or concrete mesh in context: `jax.set_mesh`, `use_abstract_mesh`) the
 kernel runs through `jax.shard_map`, each device on its local shard: batch over the mesh's
@@ -54,23 +57,29 @@ from jax.sharding import PartitionSpec as P
 
 from speculax.core.fields import Checked, field
 from speculax.models.attention import attention, prefix_block_mask
+from speculax.models.kernels import tree_attention_mosaic_gpu as mosaic_gpu
 from speculax.models.kernels.tree_attention_tpu import tree_attention_tpu
 from speculax.models.kernels.tree_attention_triton import tree_attention_triton
 
-Backend = Literal["mosaic-tpu", "triton"]
+Backend = Literal["mosaic-tpu", "mosaic-gpu", "triton"]
 # Each backend's kernel: (lengths [b] int32, q [b, k, r, q], k, v [b, k, s, q], tree [b, r, u],
 # *, block_kv, num_new, scale, interpret) -> [b, k, r, q].
-BACKENDS = {"mosaic-tpu": tree_attention_tpu, "triton": tree_attention_triton}
+BACKENDS = {"mosaic-tpu": tree_attention_tpu, "mosaic-gpu": mosaic_gpu.tree_attention_mosaic_gpu,
+            "triton": tree_attention_triton}
 # The backend `backend=None` picks on each platform (jax platform names; "cuda" as an abstract
-# device names it, "gpu" as a concrete one does).
-PLATFORM_BACKENDS = {"tpu": "mosaic-tpu", "gpu": "triton", "cuda": "triton", "rocm": "triton"}
+# device names it, "gpu" as a concrete one does; Mosaic GPU is NVIDIA-only, so ROCm keeps Triton).
+PLATFORM_BACKENDS = {"tpu": "mosaic-tpu", "gpu": "mosaic-gpu", "cuda": "mosaic-gpu",
+                     "rocm": "triton"}
 # Documented default KV block (cache slots per online-softmax step) per backend:
 #   mosaic-tpu 512: each grid step costs ~0.35 us of fixed overhead on TPU, so blocks are big;
 #     K/V in VMEM are 2 arrays x 2 buffers x 512 x q slots (1 MiB at q = 128 float32), far
 #     below the 16 MiB scoped VMEM of a v5e.
+#   mosaic-gpu 128: one warpgroup holds the [r, c] scores and the [r, q] accumulator in
+#     registers (64 + 64 float32 per thread at r = 64, q = 128); SMEM holds 16-bit q, two K
+#     and V buffers, P and the mask slab: 176 KiB at r = 64, q = 128 of the H100's 227 KiB.
 #   triton 64: the [r, c] scores and [c, q] K/V tiles live in registers; 64 keeps r <= 64 rows
 #     with q = 128 from spilling.
-DEFAULT_BLOCK_KV = {"mosaic-tpu": 512, "triton": 64}
+DEFAULT_BLOCK_KV = {"mosaic-tpu": 512, "mosaic-gpu": 128, "triton": 64}
 _MIN_TILE = 16  # smallest tile dim the Triton dot accepts
 # Mesh axes the kernel splits over (models/sharding.py's rules map batch and kv_heads to these).
 BATCH_AXES = ("data", "fsdp")
@@ -129,10 +138,18 @@ def _tile(n: int) -> int:
   return max(_MIN_TILE, pl.next_power_of_2(n))
 
 
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
 def _check_block_kv(backend: str, block_kv: int, s: int, dtype) -> None:
   """Each backend's tile rule for the KV block, then divisibility of the cache length."""
   if backend == "triton" and (block_kv < _MIN_TILE or block_kv & (block_kv - 1)):
     raise ValueError(f"block_kv={block_kv} must be a power of two >= {_MIN_TILE} on triton")
+  low, high = mosaic_gpu.MIN_BLOCK, mosaic_gpu.MAX_BLOCK
+  if backend == "mosaic-gpu" and (block_kv % low or block_kv > high):
+    raise ValueError(f"block_kv={block_kv} must be a multiple of {low} and <= {high} on "
+                     f"mosaic-gpu (wgmma tiles)")
   sublanes = 8 * 4 // min(4, jnp.dtype(dtype).itemsize)  # Mosaic's second-minor tile
   if backend == "mosaic-tpu" and block_kv % sublanes and block_kv != s:
     raise ValueError(f"block_kv={block_kv} must be a multiple of {sublanes} for a "
@@ -180,12 +197,15 @@ def _tree_attention(q, k, v, lengths, tree_mask, backend: str, block_kv: int, in
   b, t, h, dq = q.shape
   kh = k.shape[1]
   g = h // kh
-  rows, u = _tile(t * g), _tile(t)
-  dp = _tile(dq) if backend == "triton" else dq
+  rows, u, dp = _tile(t * g), _tile(t), dq
+  if backend == "triton":
+    dp = _tile(dq)
+  elif backend == "mosaic-gpu":
+    rows, dp = _round_up(rows, mosaic_gpu.ROWS), _round_up(dq, mosaic_gpu.HEAD_DIM)
   # Rows of one kv head ordered (t, g): query head kh * g + gi of token ti is row ti * g + gi.
   qr = q.reshape(b, t, kh, g, dq).transpose(0, 2, 1, 3, 4).reshape(b, kh, t * g, dq)
   qr = jnp.pad(qr, ((0, 0), (0, 0), (0, rows - t * g), (0, dp - dq)))  # [b, k, r, q]
-  if dp != dq:  # copies the cache: only for head dims that are not a power of two >= 16
+  if dp != dq:  # copies the cache: only for head dims the backend's tiles do not fit
     k = jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, dp - dq)))
     v = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, dp - dq)))
   tree = jnp.repeat(tree_mask, g, axis=1).astype(jnp.float32)  # [b, t * g, t]

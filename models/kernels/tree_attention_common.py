@@ -1,9 +1,10 @@
-"""The math every tree-attention backend shares: one online-softmax step over a block of cache
-slots, with the prefix+tree mask built in-kernel, and the final normalisation.
+"""The math the Mosaic TPU and Triton backends share: one online-softmax step over a block of
+cache slots, with the prefix+tree mask built in-kernel, and the final normalisation. (Mosaic GPU
+shares only NEG: its matmuls are wgmma on SMEM refs, see tree_attention_mosaic_gpu.py.)
 
 Dims as in tree_attention.py: r query rows of one kv head (t * g, padded), q head dim, c slots of
 one KV block, u tree columns (t, padded). Running state is kept 2-D ([r, 1], not [r]) because
-Mosaic TPU lays out rank-1 vectors poorly and every backend accepts the 2-D form.
+Mosaic TPU lays out rank-1 vectors poorly and both backends accept the 2-D form.
 """
 from __future__ import annotations
 
