@@ -6,9 +6,12 @@ needs the message only (exit status 2, as argparse's), and `--help` for the rest
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from typing import get_args
 
 from speculax.drafters import heads_io, registry
+from speculax.models.config import AttentionImpl
 
 
 class Parser(argparse.ArgumentParser):
@@ -39,6 +42,29 @@ def add_drafter_tuning(p: argparse.ArgumentParser) -> None:
   p.add_argument("--exit-threshold", type=float, default=None, metavar="P",
                  help="early exit (Kangaroo): a chain ends before a draft whose top draft "
                       "probability is below P, in (0, 1)")
+
+
+def add_runtime(p: argparse.ArgumentParser) -> None:
+  """Flags for how the target (and a draft model cut from or loaded beside it) runs."""
+  dtypes = ("float32", "bfloat16")
+  p.add_argument("--dtype", default="float32", choices=dtypes,
+                 help="weights (logits and sampling stay float32 whatever the dtypes)")
+  p.add_argument("--compute-dtype", default="float32", choices=dtypes,
+                 help="activations; bfloat16 (for accelerators: slower on CPU) rounds a verify "
+                      "forward and a one-token step differently, so speculative greedy output "
+                      "can part from autoregressive on a near tie (README 'bf16')")
+  p.add_argument("--cache-dtype", default=None, choices=dtypes,
+                 help="KV cache (default: the compute dtype); bfloat16 as for --compute-dtype")
+  p.add_argument("--attention", default="xla", choices=get_args(AttentionImpl),
+                 help="cache attention: XLA, or the Pallas tree-attention kernel (pallas: "
+                      "the platform's backend; pallas-interpret runs anywhere, slowly)")
+
+
+def runtime_loader(args):
+  """models.load.load with the runtime flags applied: load(name) -> LoadedModel."""
+  from speculax.models.load import load
+  return functools.partial(load, dtype=args.dtype, compute_dtype=args.compute_dtype,
+                           cache_dtype=args.cache_dtype, attention_impl=args.attention)
 
 
 def tuning_options(args) -> dict:

@@ -7,7 +7,8 @@ import time
 
 import jax
 
-from speculax.cli.args import add_drafter_tuning, build_drafter, count, tuning_options
+from speculax.cli.args import (add_drafter_tuning, add_runtime, build_drafter, count,
+                               runtime_loader, tuning_options)
 from speculax.core.sampling import SamplingConfig
 from speculax.core.trees import parse_tree
 from speculax.decode.config import GenerateConfig, SpecConfig
@@ -67,6 +68,7 @@ def add_parser(sub) -> None:
                       "+ drafter_params) that `speculax train --config "
                       "configs/<drafter>_smollm2.py` writes; -k at most its number of heads")
   add_drafter_tuning(p)
+  add_runtime(p)
   p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
                  help="run sharded on a device mesh of this shape, e.g. 4,1,2")
   p.set_defaults(run=run)
@@ -83,7 +85,6 @@ def _mesh(text: str | None) -> MeshConfig | None:
 
 def run(args) -> int:
   from speculax.models.assets import humaneval_prompts
-  from speculax.models.load import load
 
   sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
   mesh, tree = _mesh(args.mesh), parse_tree(args.tree)
@@ -98,10 +99,12 @@ def run(args) -> int:
     raise ValueError("--prompt is empty")
   texts = args.prompt or humaneval_prompts(args.humaneval)
   t = time.perf_counter()
+  load = runtime_loader(args)
   model = load(args.model)
   print(f"loaded {args.model} in {time.perf_counter() - t:.1f} s "
         f"({model.config.n_layers} layers, d={model.config.d_model}, "
-        f"vocab {model.config.vocab_size}) on {jax.devices()[0].platform}", file=sys.stderr)
+        f"vocab {model.config.vocab_size}) on {jax.devices()[0].platform}: "
+        f"{model.config.runtime}", file=sys.stderr)
   tok = model.tokenizer
   prompts = [tok.encode(x if args.raw else tok.chat_prompt(x)) for x in texts]
   drafter, dparams = (None, None) if args.drafter == "none" else build_drafter(

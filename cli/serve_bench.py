@@ -16,7 +16,8 @@ import time
 import jax
 import numpy as np
 
-from speculax.cli.args import add_drafter_tuning, build_drafter, count, tuning_options
+from speculax.cli.args import (add_drafter_tuning, add_runtime, build_drafter, count,
+                               runtime_loader, tuning_options)
 from speculax.core.sampling import SamplingConfig
 from speculax.decode.config import SpecConfig
 from speculax.drafters import registry
@@ -49,6 +50,7 @@ def add_parser(sub) -> None:
   p.add_argument("--heads", default=None, metavar="FOLDER", help="head drafters: trained folder")
   p.add_argument("-k", type=count(1), default=4, help="draft tokens per verify step")
   add_drafter_tuning(p)
+  add_runtime(p)
   p.add_argument("--batch-size", type=count(1), default=4, help="requests decoded together")
   p.add_argument("--max-new-tokens", type=count(1), default=64)
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -147,8 +149,6 @@ def _line(label: str, rows, report: BatchReport, elapsed: float) -> str:
 
 
 def run(args) -> int:
-  from speculax.models.load import load
-
   items = read_stream(args.prompts)[:args.limit or None]
   if args.online and args.drafter != "draft-model":
     raise ValueError(f"--online trains a draft model (--drafter draft-model), not {args.drafter}")
@@ -165,6 +165,7 @@ def run(args) -> int:
   options = {"heads": args.heads, "draft": args.draft_model, "draft_layers": args.draft_layers,
              **tuning_options(args)}
   registry.check_options(args.drafter, **options)
+  load = runtime_loader(args)
   model = load(args.model)
   drafter, dparams = build_drafter(args.drafter, model, load, options, args.k)
   learner = None if online is None else OnlineLearner(dparams, drafter.config, online,

@@ -115,7 +115,7 @@ class Eagle(Drafter):
     """Feeds the prompt's real entries: feature i with token i + 1, up to the pending token."""
     f = view.prompt_hidden  # [l, b, T, d]
     b, t = f.shape[1:3]
-    cache = KVCache.init(layer_config(config), b, max_len, dtype=jnp.float32, per_layer=True)
+    cache = KVCache.init(layer_config(config), b, max_len, per_layer=True)
     a, cache = _step(params, view.params, config, _fuse(params, f), view.history[:, 1:t + 1],
                      jnp.broadcast_to(jnp.arange(t), (b, t)), cache, llama.causal_mask(b, t))
     pending = view.lengths - 1  # [b]

@@ -97,7 +97,7 @@ def load_drafter(folder: str | os.PathLike, cls: type, target_config: LlamaConfi
   like = jax.eval_shape(lambda key: drafter.init_params(target_config, key), jax.random.key(0))
   with Checkpointer(folder / PARAMS, every=1, keep=1, async_save=False) as ck:
     params = ck.restore(spec["step"], like=_floats_as(like, spec.get("dtype", "float32")))
-  params = _floats_as(params, "float32")
+  params = _floats_as(params, target_config.runtime.param_dtype)  # runs as the target does
   if (folder / ORDER).is_file():
     order = vocab_trim.check_order(np.load(folder / ORDER), target_config.vocab_size, 1,
                                    where=str(folder / ORDER))

@@ -84,7 +84,7 @@ class Hydra(Drafter):
     rows, last = jnp.arange(b), view.lengths - 2  # the last prompt token gave the pending one
     if not self.prefix_attention:
       return HydraState(feats[rows, last], None, config)
-    cache = KVCache.init(layer_config(config), b, max_len, jnp.float32, per_layer=True)
+    cache = KVCache.init(layer_config(config), b, max_len, per_layer=True)
     out, cache = run_layer(params["prefix"], config, feats,
                               jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), cache)
     # Pad slots past each prompt were written too; the length hides them.

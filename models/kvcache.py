@@ -39,7 +39,7 @@ class KVCache:
       block = runtime_kernel(rt)[1].block_kv
       max_len = -(-max_len // block) * block
     shape = (batch, config.n_kv_heads, max_len, config.head_dim)
-    dtype = jnp.dtype(dtype or rt.dtype)
+    dtype = jnp.dtype(dtype or rt.cache_dtype or rt.dtype)
     if per_layer:
       make = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.n_layers))
     else:

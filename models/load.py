@@ -10,8 +10,12 @@ import dataclasses
 import pathlib
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
 from speculax.models import assets
-from speculax.models.config import PRESETS, LlamaConfig, get_preset
+from speculax.models.config import (PRECISIONS, PRESETS, AttentionImpl, DType, LlamaConfig,
+                                     Runtime, get_preset)
 
 # Presets that name a real checkpoint shipped in a local package -> function returning its path.
 CHECKPOINT_PRESETS = {"smollm2-135m": assets.smollm2_gguf_path}
@@ -25,21 +29,27 @@ class LoadedModel:
   name: str = ""  # what it was loaded from: a preset name or a path
 
 
-def load(name_or_path: str | pathlib.Path, *, param_dtype: str = "float32",
-         dtype: str = "float32") -> LoadedModel:
-  """Loads config, params (cast to param_dtype) and tokenizer; `dtype` is the compute dtype."""
+def load(name_or_path: str | pathlib.Path, *, dtype: DType = "float32",
+         compute_dtype: DType = "float32", cache_dtype: DType | None = None,
+         attention_impl: AttentionImpl = "xla") -> LoadedModel:
+  """Loads config, params and tokenizer. `dtype`: the weights'; `compute_dtype`: the
+  activations'; `cache_dtype`: the KV cache's (None: compute_dtype); logits and sampling are
+  float32 whatever these are (config.PRECISIONS); `attention_impl`: "xla" or a Pallas kernel."""
+  runtime = Runtime(dtype=compute_dtype, param_dtype=dtype, cache_dtype=cache_dtype,
+                    attention_impl=attention_impl)  # checked before the load
   if isinstance(name_or_path, str) and name_or_path in CHECKPOINT_PRESETS:
-    model = _load_preset(name_or_path, param_dtype, dtype)
+    model = _load_preset(name_or_path, dtype)
   else:
-    model = _load_file(pathlib.Path(name_or_path), param_dtype, dtype)
-  return dataclasses.replace(model, name=str(name_or_path))
+    model = _load_file(pathlib.Path(name_or_path), dtype)
+  return dataclasses.replace(model, name=str(name_or_path),
+                             config=dataclasses.replace(model.config, runtime=runtime))
 
 
-def _load_file(path: pathlib.Path, param_dtype: str, dtype: str) -> LoadedModel:
+def _load_file(path: pathlib.Path, param_dtype: str) -> LoadedModel:
   if path.is_dir():
-    return _load_hf(path, param_dtype, dtype)
+    return _load_hf(path, param_dtype)
   if path.suffix == ".gguf":
-    return _load_gguf(path, param_dtype, dtype)  # raises FileNotFoundError if absent
+    return _load_gguf(path, param_dtype)  # raises FileNotFoundError if absent
   if not path.exists() and len(path.parts) > 1:
     raise FileNotFoundError(f"no such .gguf file or Hugging Face folder: {path}")
   known = sorted(CHECKPOINT_PRESETS)
@@ -49,30 +59,37 @@ def _load_file(path: pathlib.Path, param_dtype: str, dtype: str) -> LoadedModel:
                    f".gguf file, or an existing Hugging Face folder{hint}")
 
 
-def _load_gguf(path: pathlib.Path, param_dtype: str, dtype: str) -> LoadedModel:
+def _load_gguf(path: pathlib.Path, param_dtype: str) -> LoadedModel:
   from speculax.models import gguf_loader
   from speculax.models.tokenizer import Tokenizer
   reader = gguf_loader.open_gguf(path)  # parsed once, shared with the tokenizer
   config, params = gguf_loader.load_gguf(path, param_dtype=param_dtype, reader=reader)
-  return LoadedModel(config.with_runtime(dtype=dtype), params,
-                     Tokenizer.from_gguf(path, reader=reader))
+  return LoadedModel(config, params, Tokenizer.from_gguf(path, reader=reader))
 
 
-def _load_hf(folder: pathlib.Path, param_dtype: str, dtype: str) -> LoadedModel:
+def _load_hf(folder: pathlib.Path, param_dtype: str) -> LoadedModel:
   from speculax.models import hf_loader
   from speculax.models.tokenizer import Tokenizer
   config, params = hf_loader.load_hf_folder(folder, param_dtype=param_dtype)
-  return LoadedModel(config.with_runtime(dtype=dtype), params,
-                     Tokenizer.from_hf_folder(folder))
+  return LoadedModel(config, params, Tokenizer.from_hf_folder(folder))
 
 
-def _load_preset(name: str, param_dtype: str, dtype: str) -> LoadedModel:
+def _load_preset(name: str, param_dtype: str) -> LoadedModel:
   """Loads the preset's file and insists the file agrees with the preset's architecture."""
-  model = _load_gguf(CHECKPOINT_PRESETS[name](), param_dtype, dtype)
+  model = _load_gguf(CHECKPOINT_PRESETS[name](), param_dtype)
   preset = get_preset(name)
   check_matches_preset(model.config, preset, name)
-  config = preset.with_runtime(dtype=dtype, param_dtype=param_dtype)
-  return dataclasses.replace(model, config=config)
+  return dataclasses.replace(model, config=preset)
+
+
+def with_precision(model: LoadedModel, name: str) -> LoadedModel:
+  """The model in one of config.PRECISIONS: weights cast, the runtime's dtypes set."""
+  if name not in PRECISIONS:
+    raise ValueError(f"unknown precision {name!r}; known: {sorted(PRECISIONS)}")
+  dtypes = {"dtype": "float32", "param_dtype": "float32", "cache_dtype": None, **PRECISIONS[name]}
+  cast = lambda x: x.astype(dtypes["param_dtype"]) if jnp.issubdtype(x.dtype, jnp.floating) else x
+  return dataclasses.replace(model, params=jax.tree.map(cast, model.params),
+                             config=model.config.with_runtime(**dtypes))
 
 
 def check_matches_preset(config: LlamaConfig, preset: LlamaConfig, name: str) -> None:

@@ -83,7 +83,7 @@ def methods(model, args) -> dict:
     drafter, dparams = registry.load(path, model)
     order = dparams.get(vocab_trim.IDS, order)
     trim = f", VocabTrim {drafter.vocab_trim}" if drafter.vocab_trim else ""
-    ks = args.eagle_k if drafter.name == "eagle" else (args.k,)
+    ks = tuple(int(x) for x in args.eagle_k.split(",")) if drafter.name == "eagle" else (args.k,)
     for k in ks:
       out[f"{kind} k={k}{trim}"] = (drafter, dparams, k)
     if drafter.vocab_trim:
@@ -105,7 +105,7 @@ def _checked(drafter, k: int) -> int:
   return (tree.n_nodes if tree is not None else k) + 1
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--suites", default="humaneval,chat")
@@ -125,12 +125,13 @@ def main():
   ap.add_argument("--drafters-dir", type=pathlib.Path, default=pathlib.Path("results/drafters"))
   ap.add_argument("--only", default="", help="comma-separated name prefixes of methods to run")
   ap.add_argument("--results", default=str(RESULTS), help="JSON to write (and a .png beside it)")
-  args = ap.parse_args()
-  args.eagle_k = tuple(int(x) for x in args.eagle_k.split(","))
+  return ap
+
+
+def bench(model, args, save=lambda rows, forwards: None) -> tuple[list[dict], dict]:
+  """Every method of `methods` in every panel (suite x batch x sampling): (rows, lone-forward
+  seconds by block size); save(rows, forwards) after each panel."""
   batch_sizes = tuple(int(x) for x in args.batch_sizes.split(","))
-  results = pathlib.Path(args.results)
-  t0 = time.perf_counter()
-  model = load("smollm2-135m")
   prompt_sets = suites(model, args.prompts, max(batch_sizes))
   prompt_sets = {s: prompt_sets[s] for s in args.suites.split(",")}
   found = methods(model, args)
@@ -182,9 +183,22 @@ def main():
           row |= dict(speedup=row["tokens_per_s"] / base,
                       speedup_per_tau=row["tokens_per_s"] / base / row["tau"])
         rows += panel
-        results.parent.mkdir(parents=True, exist_ok=True)
-        results.write_text(json.dumps(dict(machine=machine(), args=vars(args) | {
-            "drafters_dir": str(args.drafters_dir)}, forward_s=forwards, rows=rows), indent=1))
+        save(rows, forwards)
+  return rows, forwards
+
+
+def main():
+  args = parser().parse_args()
+  results = pathlib.Path(args.results)
+  t0 = time.perf_counter()
+  model = load("smollm2-135m")
+
+  def save(rows, forwards):
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(dict(machine=machine(), args=vars(args) | {
+        "drafters_dir": str(args.drafters_dir)}, forward_s=forwards, rows=rows), indent=1))
+
+  rows, _ = bench(model, args, save)
   print(f"\nSmolLM2-135M fp32, {args.new_tokens} new tokens (EOS off); batch 1 = {args.prompts} "
         f"prompts one at a time, batch 8 = 8 at once; {machine()}; "
         f"{time.perf_counter() - t0:.0f} s\n")

@@ -39,11 +39,17 @@ from speculax.train.optim import OptimConfig
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
 
 
-def load(name_or_path: str, *, dtype: str = "float32", param_dtype: str = "float32"
-         ) -> LoadedModel:
+def load(name_or_path: str, *, dtype: str = "float32", compute_dtype: str = "float32",
+         cache_dtype: str | None = None, attention_impl: str = "xla") -> LoadedModel:
   """A model with its tokenizer: a preset name ("smollm2-135m"), a .gguf file or a Hugging
-  Face folder; `dtype` is the compute dtype, `param_dtype` the weights'."""
-  return _load(name_or_path, dtype=dtype, param_dtype=param_dtype)
+  Face folder. `dtype`: the weights' ("bfloat16" halves what a decode step reads; speculative
+  output stays identical to `generate`'s as in float32); `compute_dtype`, `cache_dtype` (None:
+  compute_dtype): activations and KV cache, where bf16 rounds a verify forward and a one-token
+  step differently, so speculative greedy output can part from `generate`'s on a near tie
+  (README "bf16"). Logits and sampling are float32 always. `attention_impl`: "xla" or a Pallas
+  kernel ("pallas" picks the platform's backend)."""
+  return _load(name_or_path, dtype=dtype, compute_dtype=compute_dtype, cache_dtype=cache_dtype,
+               attention_impl=attention_impl)
 
 
 def generate(model: LoadedModel, prompts: Prompts, *, max_new_tokens: int = 128,

@@ -10,7 +10,8 @@ def test_help_explains_every_flag(capsys):
   text = capsys.readouterr().out
   for flag in ["--model", "--prompt", "--humaneval", "--raw", "--max-new-tokens", "--temperature",
                "--top-k", "--top-p", "--seed", "--drafter", "-k", "--skip", "--draft-model",
-               "--draft-layers", "--tree", "--heads", "--mesh"]:
+               "--draft-layers", "--tree", "--heads", "--mesh", "--dtype", "--compute-dtype",
+               "--cache-dtype", "--attention"]:
     assert f"  {flag} " in text or f"  {flag}\n" in text, flag
 
 
@@ -47,6 +48,8 @@ MALFORMED = [
     (["generate", "--seed", "-3"], "argument --seed: must be an int >= 0, got -3"),
     (["generate", "--drafter", "oracle"], "argument --drafter: invalid choice: 'oracle'"),
     (["generate", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["generate", "--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+    (["generate", "--attention", "flash"], "argument --attention: invalid choice: 'flash'"),
     (["generate", "--tree", "full:2,0"], "tree must be 'chain', 'full:B1,B2,...'"),
     (["generate", "--tree", "dynamic:4,0,2"], "DynamicTree.depth must be an int >= 1, got 0"),
     (["generate", "--drafter", "medusa"],
@@ -121,10 +124,11 @@ def test_malformed_input_exits_2_with_one_line(capsys, tmp_path, argv, message):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "token-recycling"])
-def test_generate_chat_prompt_on_smollm2(capsys, drafter):
+@pytest.mark.parametrize("drafter, flags", [("none", []), ("prompt-lookup", []),
+                                            ("token-recycling", ["--dtype", "bfloat16"])])
+def test_generate_chat_prompt_on_smollm2(capsys, drafter, flags):
   assert main(["generate", "--prompt", "What is the capital of France?", "--max-new-tokens", "8",
-               "--drafter", drafter]) == 0
+               "--drafter", drafter, *flags]) == 0
   out = capsys.readouterr().out
   assert "=== prompt 0: 'What is the capital of France?'" in out
   assert "Paris" in out  # the chat template was applied: the instruct model answers

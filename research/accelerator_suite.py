@@ -1,0 +1,337 @@
+"""Everything worth measuring on an accelerator, in one command: one JSON, one plot, one table.
+
+Sections, in this order (each is timed; one that fails is recorded with its error and the rest
+still run, so a rare GPU session is never lost to one bug):
+  1. autoregressive decoding, batch 1/8/32: the target (SmolLM2-135M from --model: a preset, a
+     .gguf or an exported folder) in float32, bf16 storage (weights and KV cache) and bf16
+     compute, and a random-weight Llama-3-8B-shaped model in bf16; with the two floors of a
+     decode step: bandwidth (weight bytes over the measured read rate) and launch (the same
+     loop on a model of the same depth and width 64, whose step moves almost no bytes);
+  2. the verify cost: a lone t-token forward over a one-token one, t = 1..64;
+  3. tree-attention kernel vs XLA attention (the platform's Pallas backend, bf16 cache), cache
+     lengths 512..16k, trees of 8..64 nodes, Llama-3-8B heads;
+  4. head-drafter training throughput (EAGLE on the target, tokens/s after compilation);
+  5. every drafter's tau and speedup on the target (research/bench_drafters.py: chain and tree,
+     greedy and t=1, batch 1 and 8), within what is left of --budget-min.
+
+  python -m speculax.research.accelerator_suite --model exported/smollm2   # on the GPU
+  python -m speculax.research.accelerator_suite --smoke                     # CPU, tiny, ~2 min
+
+--smoke runs every section on tiny shapes (a width-64 model with SmolLM2's tokenizer, the kernel
+in interpret mode), so that CI keeps the suite runnable. README "Accelerator" says how the
+weights reach a GPU machine with no network.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import tempfile
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculax.decode.config import GenerateConfig
+from speculax.decode.generate import generate
+from speculax.drafters.eagle import Eagle
+from speculax.models import llama
+from speculax.models.attention import attention, prefix_block_mask
+from speculax.models.config import PRECISIONS, get_preset
+from speculax.models.kernels.tree_attention import BlockSizes, tree_attention
+from speculax.models.load import LoadedModel, load, with_precision
+from speculax.research import bench_drafters
+from speculax.research.common import forward_seconds, machine, read_bandwidth, table
+from speculax.train import experiment
+from speculax.train.heads import HeadsConfig
+from speculax.train.metrics_log import MetricsLog
+from speculax.train.optim import OptimConfig
+
+RESULTS = pathlib.Path("results/accelerator_suite.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+  """What each section runs on: the full suite or --smoke."""
+  batches: tuple[int, ...] = (1, 8, 32)
+  new_tokens: int = 64
+  big: str = "llama3-8b"  # preset of the random-weight model
+  forward_tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+  cache_lengths: tuple[int, ...] = (512, 2048, 4096, 16384)
+  tree_sizes: tuple[int, ...] = (8, 16, 32, 64)
+  heads: tuple[int, int, int] = (32, 8, 128)  # query heads, kv heads, head dim (Llama-3-8B)
+  interpret: bool = False
+  train_steps: int = 30
+  train_batch: int = 8
+  seq_len: int = 256
+  drafter_args: tuple[str, ...] = ("--suites", "humaneval", "--prompts", "3",
+                                   "--new-tokens", "48")
+
+
+SMOKE = Sizes(batches=(1, 2), new_tokens=8, big="tiny-untied-llama3", forward_tokens=(1, 2, 4),
+              cache_lengths=(64, 128), tree_sizes=(4, 8), heads=(4, 2, 16), interpret=True,
+              train_steps=3, train_batch=2, seq_len=32,
+              drafter_args=("--suites", "humaneval", "--prompts", "1", "--new-tokens", "8",
+                            "--batch-sizes", "1", "--sampling", "greedy", "--skip", "1",
+                            "--forward-tokens", "2", "--only", "prompt lookup"))
+
+
+def step_seconds(model: LoadedModel, batch: int, new_tokens: int) -> float:
+  """Seconds per decode step of the jitted loop (compiled first), batch prompts of 32 tokens."""
+  prompts = [[(7 * i + j) % model.config.vocab_size for j in range(32)] for i in range(batch)]
+  out = generate(model.params, model.config, prompts, GenerateConfig(max_new_tokens=new_tokens),
+                 warmup=True)
+  return out.decode_s / (out.forwards - 1)
+
+
+def launch_model(model: LoadedModel) -> LoadedModel:
+  """Same depth and loop, width 64: its step time is what launching the step's kernels costs."""
+  cfg = dataclasses.replace(model.config, vocab_size=256, d_model=64, n_heads=2, n_kv_heads=1,
+                            head_dim=32, d_ff=128)
+  return dataclasses.replace(model, config=cfg, params=llama.init_params(cfg, jax.random.key(0)))
+
+
+def autoregressive(target: LoadedModel, sizes: Sizes) -> list[dict]:
+  bandwidth = read_bandwidth()
+  big_cfg = get_preset(sizes.big).with_runtime(**PRECISIONS["bf16"])
+  big = LoadedModel(big_cfg, llama.init_params(big_cfg, jax.random.key(0)), None, sizes.big)
+  models = {f"{target.name} {p}": with_precision(target, p) for p in PRECISIONS}
+  models[f"{sizes.big} (random) bf16"] = big
+  rows = []
+  for name, model in models.items():
+    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(model.params))
+    launch = launch_model(model)
+    for batch in sizes.batches:
+      step = step_seconds(model, batch, sizes.new_tokens)
+      floor_launch = step_seconds(launch, batch, sizes.new_tokens)
+      floor_bw = weight_bytes / bandwidth
+      rows.append(dict(model=name, batch=batch, step_ms=step * 1e3,
+                       tokens_per_s=batch / step, bandwidth_floor_ms=floor_bw * 1e3,
+                       launch_floor_ms=floor_launch * 1e3,
+                       over_floor=step / max(floor_bw, floor_launch)))
+      print(f"AR {name} b{batch}: {step * 1e3:.2f} ms/step, floors: bandwidth "
+            f"{floor_bw * 1e3:.2f} ms, launch {floor_launch * 1e3:.2f} ms", flush=True)
+    jax.clear_caches()
+  return rows
+
+
+def verify_cost(target: LoadedModel, sizes: Sizes, precision: str) -> dict:
+  model = with_precision(target, precision)
+  seconds = {t: forward_seconds(model, t) for t in sizes.forward_tokens}
+  return {"precision": precision, "forward_s": seconds,
+          "cost": {t: s / seconds[1] for t, s in seconds.items()}}
+
+
+def _median_seconds(fn, args, repeats: int = 20) -> float:
+  fn(*args).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    fn(*args).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return float(np.median(times))
+
+
+def kernel_vs_xla(sizes: Sizes) -> list[dict]:
+  """One layer's verify attention over a bf16 cache filled to s - t, a chain mask of t nodes."""
+  h, kh, dq = sizes.heads
+  block = BlockSizes(32) if sizes.interpret else None
+  kernel = jax.jit(lambda q, k, v, n, m: tree_attention(q, k, v, n, m, block_sizes=block,
+                                                        interpret=sizes.interpret))
+  xla = jax.jit(lambda q, k, v, n, m: attention(q, k, v, prefix_block_mask(n, m, k.shape[2])))
+  rows = []
+  for s in sizes.cache_lengths:
+    for t in sizes.tree_sizes:
+      keys = jax.random.split(jax.random.key(s + t), 3)
+      q = jax.random.normal(keys[0], (1, t, h, dq), jnp.bfloat16)
+      k = jax.random.normal(keys[1], (1, kh, s, dq), jnp.bfloat16)
+      v = jax.random.normal(keys[2], (1, kh, s, dq), jnp.bfloat16)
+      args = (q, k, v, jnp.asarray([s - t], jnp.int32), jnp.tril(jnp.ones((1, t, t), bool)))
+      ours, theirs = _median_seconds(kernel, args), _median_seconds(xla, args)
+      error = float(jnp.abs(kernel(*args).astype(jnp.float32)
+                            - xla(*args).astype(jnp.float32)).max())
+      rows.append(dict(cache=s, tree=t, kernel_us=ours * 1e6, xla_us=theirs * 1e6,
+                       speedup=theirs / ours, max_abs_error=error))
+      print(f"attention s={s} t={t}: kernel {ours * 1e6:.1f} us, XLA {theirs * 1e6:.1f} us",
+            flush=True)
+  return rows
+
+
+def training_throughput(target: LoadedModel, sizes: Sizes, folder: pathlib.Path) -> dict:
+  """EAGLE on the target's cached features: tokens/s over the steps after the first (which
+  compiles), from the run's own steps_per_s log."""
+  rng = np.random.default_rng(0)
+  n = sizes.train_batch * 4
+  rows = (rng.integers(0, target.config.vocab_size, (n, sizes.seq_len)),
+          rng.integers(0, target.config.vocab_size, (sizes.train_batch, sizes.seq_len)))
+  steps = sizes.train_steps
+  exp = experiment.DistillExperiment(
+      name="eagle-throughput", target=target.name or "model",
+      data=experiment.DataConfig(seq_len=sizes.seq_len, rows=n, heldout_rows=sizes.train_batch),
+      distill=HeadsConfig(Eagle(), batch_size=sizes.train_batch,
+                          optim=OptimConfig(learning_rate=1e-3, warmup_steps=1, total_steps=steps)),
+      out_dir=str(folder), checkpoint_every=steps, log_every=1, eval_every=steps)
+  t0 = time.perf_counter()
+  experiment.run(exp, model=target, rows=rows)
+  rates = {int(r["step"]): r["steps_per_s"]
+           for r in MetricsLog(folder / exp.name / "metrics.csv").read()}
+  # steps_per_s at step i is i / (time since start): the time of steps 2..n is n/r_n - 1/r_1.
+  seconds = steps / rates[steps] - 1 / rates[1]
+  per_s = (steps - 1) / seconds
+  return dict(drafter="eagle", batch=sizes.train_batch, seq_len=sizes.seq_len, steps=steps,
+              steps_per_s=per_s, tokens_per_s=per_s * sizes.train_batch * sizes.seq_len,
+              wall_s=time.perf_counter() - t0)
+
+
+def drafters(target: LoadedModel, sizes: Sizes, args) -> list[dict]:
+  model = with_precision(target, args.precision)
+  bench_args = bench_drafters.parser().parse_args(
+      [*sizes.drafter_args, "--drafters-dir", str(args.drafters_dir)])
+  rows, _ = bench_drafters.bench(model, bench_args)
+  return rows
+
+
+def smoke_target() -> LoadedModel:
+  """A width-64, 4-layer random model with SmolLM2's tokenizer (the prompt suites need one)."""
+  real = get_preset("smollm2-135m")
+  cfg = dataclasses.replace(real, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16,
+                            d_ff=128, max_seq_len=1024)
+  from speculax.models.assets import smollm2_gguf_path
+  from speculax.models.tokenizer import Tokenizer
+  return LoadedModel(cfg, llama.init_params(cfg, jax.random.key(0)),
+                     Tokenizer.from_gguf(smollm2_gguf_path()), "smoke")
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--model", default="smollm2-135m",
+                  help="the target: a preset, a .gguf file or a Hugging Face / exported folder")
+  ap.add_argument("--smoke", action="store_true", help="tiny shapes, any platform (CI)")
+  ap.add_argument("--sections", default="autoregressive,verify,attention,training,drafters")
+  ap.add_argument("--precision", default="bf16 weights", choices=sorted(PRECISIONS),
+                  help="the target's precision in the verify and drafter sections (the "
+                       "autoregressive one runs each)")
+  ap.add_argument("--budget-min", type=float, default=18.0,
+                  help="the drafter section starts only with this much of the run left")
+  ap.add_argument("--drafters-dir", type=pathlib.Path, default=pathlib.Path("results/drafters"))
+  ap.add_argument("--results", type=pathlib.Path, default=RESULTS,
+                  help="JSON to write (and a .png beside it)")
+  args = ap.parse_args(argv)
+  t0 = time.perf_counter()
+  sizes = SMOKE if args.smoke else Sizes()
+  target = smoke_target() if args.smoke else load(args.model)
+  results = {"machine": machine(), "jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),
+             "command": "python -m speculax.research.accelerator_suite "
+                        + ("--smoke" if args.smoke else f"--model {args.model}"),
+             "smoke": args.smoke, "sections": {}, "errors": {}, "seconds": {}}
+  with tempfile.TemporaryDirectory() as tmp:
+    sections = {"autoregressive": lambda: autoregressive(target, sizes),
+                "verify": lambda: verify_cost(target, sizes, args.precision),
+                "attention": lambda: kernel_vs_xla(sizes),
+                "training": lambda: training_throughput(target, sizes, pathlib.Path(tmp)),
+                "drafters": lambda: drafters(target, sizes, args)}
+    for name in args.sections.split(","):
+      if name == "drafters" and time.perf_counter() - t0 > args.budget_min * 60:
+        results["errors"][name] = f"skipped: the run passed --budget-min {args.budget_min}"
+        continue
+      start = time.perf_counter()
+      try:
+        results["sections"][name] = sections[name]()
+      except Exception as e:  # noqa: BLE001 - one broken section must not lose the others
+        traceback.print_exc()
+        results["errors"][name] = f"{type(e).__name__}: {e}"
+      results["seconds"][name] = time.perf_counter() - start
+      jax.clear_caches()
+      save(results, args.results)
+  print(markdown(results))
+  print(f"\nwrote {args.results} and {args.results.with_suffix('.png')} in "
+        f"{time.perf_counter() - t0:.0f} s")
+  return results
+
+
+def save(results: dict, path: pathlib.Path) -> None:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(results, indent=1, default=str))
+  plot(results, path.with_suffix(".png"))
+
+
+def plot(results: dict, path: pathlib.Path) -> None:
+  """Step time against batch (with both floors), the verify cost curve, kernel over XLA."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 3, figsize=(18, 5))
+  sec = results["sections"]
+  for name in dict.fromkeys(r["model"] for r in sec.get("autoregressive", [])):
+    rows = [r for r in sec["autoregressive"] if r["model"] == name]
+    line, = axes[0].plot([r["batch"] for r in rows], [r["step_ms"] for r in rows], "o-",
+                         label=name)
+    axes[0].plot([r["batch"] for r in rows],
+                 [max(r["bandwidth_floor_ms"], r["launch_floor_ms"]) for r in rows], ":",
+                 color=line.get_color())
+  axes[0].set(xscale="log", yscale="log", xlabel="batch", ylabel="ms per decode step",
+              title="autoregressive step (dotted: max of the bandwidth and launch floors)")
+  if "verify" in sec:
+    cost = sec["verify"]["cost"]
+    axes[1].plot([int(t) for t in cost], list(cost.values()), "o-")
+    axes[1].axhline(1.0, color="gray", lw=0.8, ls="--")
+  axes[1].set(xscale="log", xlabel="tokens in one forward",
+              ylabel="time / one-token forward", title="verify cost")
+  for t in dict.fromkeys(r["tree"] for r in sec.get("attention", [])):
+    rows = [r for r in sec["attention"] if r["tree"] == t]
+    axes[2].plot([r["cache"] for r in rows], [r["speedup"] for r in rows], "o-",
+                 label=f"{t} nodes")
+  axes[2].axhline(1.0, color="gray", lw=0.8, ls="--")
+  axes[2].set(xscale="log", xlabel="cache length", ylabel="XLA time / kernel time",
+              title="tree-attention kernel vs XLA")
+  ticks = [sorted({r["batch"] for r in sec.get("autoregressive", [])}),
+           [int(t) for t in sec.get("verify", {}).get("cost", {})],
+           sorted({r["cache"] for r in sec.get("attention", [])})]
+  for ax, values in zip(axes, ticks):  # the measured values, written plainly, on the log axes
+    ax.set_xticks(values, [str(v) for v in values])
+    ax.minorticks_off()
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=7)
+  fig.suptitle(f"{results['machine']}, {results['date']}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def markdown(results: dict) -> str:
+  """The README's tables, from the JSON."""
+  sec, parts = results["sections"], [f"{results['machine']}, {results['date']}, "
+                                     f"`{results['command']}`"]
+  if "autoregressive" in sec:
+    parts.append(table(["model", "batch", "ms/step", "tok/s", "bandwidth floor ms",
+                        "launch floor ms", "x floor"],
+                       [[r["model"], r["batch"], r["step_ms"], r["tokens_per_s"],
+                         r["bandwidth_floor_ms"], r["launch_floor_ms"], r["over_floor"]]
+                        for r in sec["autoregressive"]]))
+  if "verify" in sec:
+    parts.append("verify cost (t-token forward / one-token): " + ", ".join(
+        f"{t}: {c:.2f}" for t, c in sec["verify"]["cost"].items()))
+  if "attention" in sec:
+    parts.append(table(["cache", "tree nodes", "kernel us", "XLA us", "XLA / kernel",
+                        "max abs error"],
+                       [[r["cache"], r["tree"], r["kernel_us"], r["xla_us"], r["speedup"],
+                         f"{r['max_abs_error']:.2g}"] for r in sec["attention"]]))
+  if "training" in sec:
+    r = sec["training"]
+    parts.append(f"EAGLE training: {r['tokens_per_s']:.0f} tokens/s (batch {r['batch']} x "
+                 f"{r['seq_len']}, {r['steps']} steps)")
+  if "drafters" in sec:
+    parts.append(table(["batch", "sampling", "method", "tau", "tok/s", "x AR", "same as AR"],
+                       [[r["batch"], r["sampling"], r["method"], r["tau"], r["tokens_per_s"],
+                         r["speedup"], f"{r['same_as_ar']}/{r['sequences']}"]
+                        for r in sec["drafters"]]))
+  parts += [f"{name}: {error}" for name, error in results["errors"].items()]
+  return "\n\n".join(parts)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,48 @@
+"""The accelerator suite (research/accelerator_suite.py) stays runnable: its --smoke form runs
+every section on tiny shapes on CPU and writes the JSON, the plot and the tables."""
+import json
+import math
+
+import pytest
+
+from speculax.models.config import PRECISIONS
+from speculax.research import accelerator_suite
+
+pytestmark = pytest.mark.slow  # reads SmolLM2's tokenizer from the GGUF
+
+
+def test_smoke_runs_every_section(tmp_path):
+  path = tmp_path / "suite.json"
+  results = accelerator_suite.main(["--smoke", "--results", str(path),
+                                    "--drafters-dir", str(tmp_path / "no-drafters")])
+  assert results["errors"] == {}
+  assert json.loads(path.read_text())["sections"].keys() == results["sections"].keys() == {
+      "autoregressive", "verify", "attention", "training", "drafters"}
+  assert path.with_suffix(".png").stat().st_size > 10_000
+  sec, sizes = results["sections"], accelerator_suite.SMOKE
+
+  ar = sec["autoregressive"]
+  assert len(ar) == (len(PRECISIONS) + 1) * len(sizes.batches)
+  for r in ar:
+    assert all(math.isfinite(r[k]) and r[k] > 0 for k in
+               ("step_ms", "tokens_per_s", "bandwidth_floor_ms", "launch_floor_ms")), r
+  # The bf16 settings hold half the weight bytes of float32, so half the bandwidth floor.
+  floor = {r["model"]: r["bandwidth_floor_ms"] for r in ar if r["batch"] == 1}
+  assert floor["smoke bf16 weights"] == pytest.approx(floor["smoke float32"] / 2, rel=1e-6)
+
+  assert set(sec["verify"]["cost"]) == set(sizes.forward_tokens)
+  assert sec["verify"]["cost"][1] == 1.0
+
+  attention = sec["attention"]
+  assert [(r["cache"], r["tree"]) for r in attention] == [
+      (s, t) for s in sizes.cache_lengths for t in sizes.tree_sizes]
+  assert all(r["max_abs_error"] < 0.05 for r in attention), attention  # kernel == XLA (bf16)
+
+  train = sec["training"]
+  assert train["tokens_per_s"] > 0 and train["steps"] == sizes.train_steps
+
+  rows = sec["drafters"]
+  assert {r["method"] for r in rows} >= {"autoregressive", "prompt lookup"}
+  assert all(r["same_as_ar"] == r["sequences"] for r in rows)  # greedy: lossless
+  text = accelerator_suite.markdown(results)
+  assert "x floor" in text and "XLA / kernel" in text and "tokens/s" in text

@@ -1,0 +1,126 @@
+"""bf16 decoding (models/config.PRECISIONS): bf16 weights, and a bf16 KV cache, with logits and
+sampling in float32; speculative output equals autoregressive output in the same precision.
+
+(With bf16 weights alone a verify forward and a one-token step agree to float32 rounding, as in
+float32. A bf16 cache or bf16 activations round the two paths differently, so on a near tie
+greedy output can part: tested here on the tiny model, whose ties are rare, and measured on
+SmolLM2 by research/bf16_agreement.py.)
+"""
+import jax
+import jax.numpy as jnp
+import pytest
+
+from speculax.core.trees import DynamicTree
+from speculax.decode.config import GenerateConfig, SpecConfig
+from speculax.decode.generate import generate
+from speculax.decode.speculative import speculative_generate
+from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.eagle import Eagle
+from speculax.drafters.layer_skip import LayerSkip
+from speculax.drafters.prompt_lookup import PromptLookup
+from speculax.drafters.token_recycling import TokenRecycling
+from speculax.models import llama
+from speculax.models.kvcache import KVCache
+from speculax.models.load import LoadedModel, load, with_precision
+
+from tiny_prompts import NEW, PROMPTS
+
+@pytest.fixture(scope="module", params=["bf16 weights", "bf16 weights + cache"])
+def tiny16(tiny, request):
+  """The tiny test model with its weights rounded to bf16 (and its cache in bf16)."""
+  model = with_precision(LoadedModel(*tiny, tokenizer=None), request.param)
+  return model.config, model.params
+
+
+@pytest.fixture(scope="module")
+def reference16(tiny16):
+  cfg, params = tiny16
+  return [generate(params, cfg, [p], GenerateConfig(max_new_tokens=NEW)).tokens[0]
+          for p in PROMPTS]
+
+
+def test_weights_and_cache_are_bf16_logits_float32(tiny16):
+  cfg, params = tiny16
+  assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+  cache_dtype = jnp.bfloat16 if cfg.runtime.cache_dtype == "bfloat16" else jnp.float32
+  cache = KVCache.init(cfg, 2, 16)
+  assert cache.k.dtype == cache.v.dtype == cache_dtype
+  logits, _, cache = llama.forward_jit(params, cfg, jnp.ones((2, 3), jnp.int32),
+                                       jnp.broadcast_to(jnp.arange(3), (2, 3)), cache)
+  assert logits.dtype == jnp.float32 and cache.k.dtype == cache_dtype
+
+
+def test_bf16_weights_round_the_float32_model(tiny, tiny16):
+  """The bf16 run is the float32 model rounded: close, and not the same numbers."""
+  x = (jnp.asarray([PROMPTS[1]]), jnp.arange(len(PROMPTS[1]))[None])
+  (cfg16, params16), (cfg, params) = tiny16, tiny
+  a = llama.forward_jit(params16, cfg16, *x)[0]
+  b = llama.forward_jit(params, cfg, *x)[0]
+  assert 0 < float(jnp.abs(a - b).max()) < 0.5
+
+
+def _drafter(cfg, params, name):
+  tree = DynamicTree(width=3, depth=3, children=3)
+  eagle = Eagle(tree=tree) if name == "eagle-tree" else Eagle()
+  return {"prompt-lookup": (PromptLookup(), None),
+          "layer-skip": (LayerSkip.skipping(cfg.n_layers, [1]), None),
+          "draft-is-target-tree": (DraftModel(cfg, tree), params),
+          "token-recycling": (TokenRecycling(), None),
+          "eagle": (eagle, None), "eagle-tree": (eagle, None)}[name]
+
+
+@pytest.mark.parametrize("name", ["prompt-lookup", "layer-skip", "draft-is-target-tree",
+                                  "token-recycling", "eagle", "eagle-tree"])
+def test_bf16_speculative_greedy_equals_bf16_target_only(tiny16, reference16, name):
+  cfg, params = tiny16
+  drafter, dparams = _drafter(cfg, params, name)
+  if name.startswith("eagle"):  # an EAGLE that runs as the target does: bf16 weights
+    dparams = jax.tree.map(lambda x: x.astype(jnp.bfloat16), drafter.init_params(cfg))
+  out = speculative_generate(params, cfg, PROMPTS[:4], drafter,
+                             SpecConfig(k=3, max_new_tokens=NEW), drafter_params=dparams)
+  assert out.tokens == reference16[:4]
+  assert out.tau > 1.0
+
+
+def test_bf16_pallas_kernel_gives_identical_tokens(tiny16, reference16):
+  """The tree-attention kernel (interpret mode) reads the bf16 cache like XLA attention does."""
+  cfg, params = tiny16
+  cfg = cfg.with_runtime(attention_impl="pallas-interpret", attention_block_kv=16)
+  out = speculative_generate(params, cfg, PROMPTS[:2], TokenRecycling(),
+                             SpecConfig(k=3, max_new_tokens=NEW))
+  assert out.tokens == reference16[:2]
+
+
+def test_bad_precision_is_refused_before_loading():
+  with pytest.raises(ValueError, match="Runtime.param_dtype must be one of .*, got 'float64'"):
+    load("smollm2-135m", dtype="float64")
+  with pytest.raises(ValueError, match="Runtime.cache_dtype must be one of .*, got 'int8'"):
+    load("no-such-model", cache_dtype="int8")
+  with pytest.raises(ValueError, match="unknown precision 'fp8'; known: "):
+    with_precision(LoadedModel(None, {}, None), "fp8")
+
+
+@pytest.mark.slow
+def test_smollm2_bf16_speculative_equals_bf16_autoregressive(smollm2):
+  """SmolLM2 with bf16 weights: prompt lookup and the shipped EAGLE (its heads bf16 too, as
+  the target runs) decode exactly the bf16 target's own greedy tokens on three HumanEval
+  prompts."""
+  from speculax.drafters import registry
+  from speculax.models.assets import humaneval_prompts
+  model = load("smollm2-135m", dtype="bfloat16")
+  assert jax.tree.leaves(model.params)[0].dtype == jnp.bfloat16
+  tok = model.tokenizer
+  prompts = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(3)]
+  reference = generate(model.params, model.config, prompts,
+                       GenerateConfig(max_new_tokens=24)).tokens
+  f32 = generate(smollm2.params, smollm2.config, prompts, GenerateConfig(max_new_tokens=24)).tokens
+  assert sum(a == b for a, b in zip(reference, f32)) >= 1  # the same model, rounded
+  eagle = registry.load("results/drafters/eagle-ttt-smollm2", model)
+  floats = {x.dtype for x in jax.tree.leaves(eagle.params) if jnp.issubdtype(x.dtype, jnp.floating)}
+  assert floats == {jnp.dtype(jnp.bfloat16)}  # heads run as the target does
+  for drafter, dparams in [registry.make("prompt-lookup", model.params, model.config),
+                           (eagle.drafter, eagle.params)]:
+    out = speculative_generate(model.params, model.config, prompts, drafter,
+                               SpecConfig(k=2, max_new_tokens=24), drafter_params=dparams)
+    assert out.tokens == reference
+    assert out.tau > 1.2
