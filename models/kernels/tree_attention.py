@@ -250,11 +250,15 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array,
   bs = batch or None
   q_spec = P(bs, None, heads, None)  # [b, t, h, q]
   kv_spec = P(bs, heads, None, None)  # [b, k, s, q]
+  specs = (q_spec, kv_spec, kv_spec, P(bs), P(bs))
+  args = (q, k, v, lengths, tree_mask)
+  if jax.sharding.AxisType.Explicit in mesh.axis_types:  # jax >= 0.11 meshes default to it
+    # On Explicit axes shard_map takes inputs already sharded as in_specs says.
+    args = tuple(jax.sharding.reshard(x, spec) for x, spec in zip(args, specs))
   # Manual over the split axes only (others stay as they are, e.g. already manual in a caller's
   # shard_map); check_vma=False: pallas_call does not declare how its outputs vary over axes.
-  return jax.shard_map(run, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, P(bs), P(bs)),
-                       out_specs=q_spec, axis_names=set(batch) | ({heads} - {None}),
-                       check_vma=False)(q, k, v, lengths, tree_mask)
+  return jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=q_spec,
+                       axis_names=set(batch) | ({heads} - {None}), check_vma=False)(*args)
 
 
 def _split_axes(mesh, b: int, kh: int) -> tuple[tuple[str, ...], str | None]:
