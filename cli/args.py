@@ -6,11 +6,14 @@ needs the message only (exit status 2, as argparse's), and `--help` for the rest
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 from typing import get_args
 
-from speculax.drafters import heads_io, registry
+from speculax.bench import methods
+from speculax.core.trees import parse_tree
+from speculax.drafters import registry
 from speculax.models.config import AttentionImpl
 
 
@@ -32,8 +35,43 @@ def count(lo: int):
   return parse
 
 
-def add_drafter_tuning(p: argparse.ArgumentParser) -> None:
-  """Flags for what every drafter with an output layer or a chain law can tune (registry.COMMON)."""
+def add_drafter(p: argparse.ArgumentParser, default: str, allow_none: bool, k: int = 5) -> None:
+  """--drafter and every option a drafter kind takes (registry.make's, and the fields no option
+  sets), shared by generate and serve-bench; drafter_options(args) reads them back."""
+  kinds = (*(("none",) if allow_none else ()), *registry.KINDS)
+  p.add_argument("--drafter", default=default, choices=kinds,
+                 help=("none = plain autoregressive decoding. " if allow_none else "")
+                      + registry.describe())
+  p.add_argument("-k", type=count(1), default=k, help="draft tokens per verify step (chains)")
+  p.add_argument("--tree", default=None, metavar="SHAPE",
+                 help="draft a token tree: 'full:3,2,1' (children per level) or "
+                      "'dynamic:WIDTH,DEPTH,CHILDREN' (grown by draft probability); layer-skip, "
+                      "draft-model, the trained heads and token-recycling (default: its own "
+                      "template)")
+  p.add_argument("--max-ngram", type=count(1), default=None,
+                 help="prompt-lookup: longest n-gram matched (default 3)")
+  p.add_argument("--min-ngram", type=count(1), default=None,
+                 help="prompt-lookup: shortest n-gram matched (default 1)")
+  p.add_argument("--skip", default=None, metavar="I,J,...",
+                 help="layer-skip: target layers the drafter skips (default: searched on the "
+                      "first 4 HumanEval prompts)")
+  p.add_argument("--adapt", type=count(1), default=None, metavar="N",
+                 help="layer-skip: also carry N more skip sets from the search and switch among "
+                      "them on the fly by measured acceptance per draft cost (SWIFT-style)")
+  p.add_argument("--draft-model", default=None,
+                 help="draft-model: a preset, .gguf file, HF folder or distilled run folder "
+                      "sharing the target's vocabulary (default: the target's first "
+                      "--draft-layers layers, untrained)")
+  p.add_argument("--draft-layers", type=count(1), default=None,
+                 help="draft-model: layers of the target to cut the default draft model from "
+                      "(default 4)")
+  p.add_argument("--heads", default=None, metavar="FOLDER",
+                 help=f"trained drafters ({', '.join(registry.TRAINED)}): the run folder "
+                      "(drafter.json + drafter_params) that `speculax train --config "
+                      "configs/<drafter>_smollm2.py` writes; -k at most its number of heads")
+  p.add_argument("--stop-threshold", type=float, default=None, metavar="P",
+                 help="eagle trained with an acceptance head: SpecDec++ adaptive length, a "
+                      "chain stops once P(some draft rejected) exceeds P, in (0, 1)")
   p.add_argument("--vocab-trim", type=count(1), default=None, metavar="N",
                  help="VocabTrim: the drafter scores only the N tokens the target writes most "
                       "often (trained run folders carry the order; otherwise give --vocab-ids)")
@@ -42,6 +80,41 @@ def add_drafter_tuning(p: argparse.ArgumentParser) -> None:
   p.add_argument("--exit-threshold", type=float, default=None, metavar="P",
                  help="early exit (Kangaroo): a chain ends before a draft whose top draft "
                       "probability is below P, in (0, 1)")
+
+
+def drafter_options(args) -> tuple[dict, dict]:
+  """(registry.make options, drafter fields) the flags set; None: not set. The fields are the
+  settings no build option takes (SpecDec++'s stop threshold)."""
+  skip = None if args.skip is None else ints(args.skip, "--skip")
+  options = {"tree": args.tree, "heads": args.heads, "skip": skip, "draft": args.draft_model,
+             "draft_layers": args.draft_layers, "adapt": args.adapt,
+             "max_ngram": args.max_ngram, "min_ngram": args.min_ngram,
+             "vocab_trim": args.vocab_trim, "vocab_ids": args.vocab_ids,
+             "exit_threshold": args.exit_threshold}
+  fields = {} if args.stop_threshold is None else {"stop_threshold": args.stop_threshold}
+  return options, fields
+
+
+def check_drafter_options(kind: str, options: dict, fields: dict) -> None:
+  """Host-side, before the model loads: the options fit the kind (none takes none)."""
+  parse_tree(options["tree"])  # a bad shape fails first, whatever else is wrong
+  given = [k for k, v in {**options, **fields}.items() if v is not None]
+  if kind == "none":
+    if given:
+      raise ValueError(f"--drafter none (autoregressive decoding) takes no drafter options, got "
+                       f"{', '.join(given)}")
+    return
+  registry.check_options(kind, **options)
+  for name in fields:
+    if not any(f.name == name for f in dataclasses.fields(registry.get(kind))):
+      raise ValueError(f"{kind} takes no --{name.replace('_', '-')}")
+
+
+def ints(text: str, flag: str) -> tuple[int, ...]:
+  try:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+  except ValueError:
+    raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
 
 
 def add_runtime(p: argparse.ArgumentParser) -> None:
@@ -67,29 +140,20 @@ def runtime_loader(args):
                            cache_dtype=args.cache_dtype, attention_impl=args.attention)
 
 
-def tuning_options(args) -> dict:
-  return {"vocab_trim": args.vocab_trim, "vocab_ids": args.vocab_ids,
-          "exit_threshold": args.exit_threshold}
-
-
-def build_drafter(name: str, model, load, options: dict, k: int):
+def build_drafter(name: str, model, load, options: dict, k: int, fields: dict | None = None):
   """(drafter, params) of registry kind `name` for the loaded target from the flags' options
-  (None: not set; "draft" still a model name). Adds what a kind needs from the run: the k a
-  layer-skip search aims at and its calibration prompts (the first 4 HumanEval prompts)."""
-  options = dict(options)
-  takes = registry.options(name)
-  if "k" in takes:
-    options["k"] = k
-  if "calibration" in takes and options.get("skip") is None:
-    from speculax.models.assets import humaneval_prompts
-    tok = model.tokenizer
-    options["calibration"] = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(4)]
-  if options.get("draft") is not None and not heads_io.is_saved(options["draft"]):
-    other = load(options["draft"])  # a model; a distilled run folder loads as a drafter
-    options["draft"] = (other.config, other.params)
-  drafter, params = registry.make(name, model.params, model.config, **options)
+  (None: not set; "draft" still a model name), as a benchmark method builds it; prints it."""
+  drafter, params = methods.build_drafter(name, model, load, options, k, fields)
   print(f"drafter: {drafter}", file=sys.stderr)
   return drafter, params
+
+
+def announce(args) -> None:
+  """Every setting of the run, the defaults included, once, after the flags passed their checks
+  and before the slow part: a log then says what ran."""
+  given = {k: v for k, v in vars(args).items() if k not in ("run", "command")}
+  print(f"speculax {args.command}: " + " ".join(f"{k}={v!r}" for k, v in given.items()),
+        file=sys.stderr)
 
 
 def fail(command: str, error: Exception) -> int:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from speculax.cli import export, generate, serve_bench, train
+from speculax.cli import bench, export, generate, serve_bench, train
 from speculax.cli.args import Parser, fail
 
 
@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
   train.add_parser(sub)
   serve_bench.add_parser(sub)
   export.add_parser(sub)
+  bench.add_parser(sub)
   args = parser.parse_args(argv)
   try:
     return args.run(args)

@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import sys
 import time
 
 import jax
 import numpy as np
 
-from speculax.cli.args import (add_drafter_tuning, add_runtime, build_drafter, count,
-                               runtime_loader, tuning_options)
+from speculax.bench.suites import read_prompts
+from speculax.cli.args import (
+  add_drafter,
+  add_runtime,
+  announce,
+  build_drafter,
+  check_drafter_options,
+  count,
+  drafter_options,
+  runtime_loader,
+)
 from speculax.core.sampling import SamplingConfig
 from speculax.decode.config import SpecConfig
-from speculax.drafters import registry
 from speculax.serve.loop import BatchReport, serve
 from speculax.serve.online import OnlineConfig, OnlineLearner
 from speculax.serve.replay import POLICIES
@@ -35,21 +42,13 @@ def add_parser(sub) -> None:
       description="Serve the prompts of a file in arrival order, batch by batch, with speculative "
                   "decoding, printing each batch's acceptance and a running curve. --online keeps "
                   "distilling the draft model on the target laws verification computed "
-                  "(Online Speculative Decoding); outputs stay exactly the target's.",
+                  "(Online Speculative Decoding; draft-model only: token-recycling adapts by "
+                  "carrying its matrix from batch to batch); outputs stay exactly the target's.",
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("prompts", help="a .jsonl stream ({\"prompt\", \"chat\", \"phase\"} per line) "
                                  "or a text file with one chat prompt per line")
   p.add_argument("--model", default="smollm2-135m", help="target: preset, .gguf or HF folder")
-  p.add_argument("--drafter", default="draft-model", choices=tuple(registry.KINDS),
-                 help="drafter; --online trains draft-model only (token-recycling adapts by "
-                      "carrying its matrix from batch to batch). " + registry.describe())
-  p.add_argument("--draft-model", default=None,
-                 help="draft-model: preset, .gguf or HF folder (default: a cut of the target)")
-  p.add_argument("--draft-layers", type=count(1), default=None,
-                 help="draft-model: layers of the target the default cut keeps (default 4)")
-  p.add_argument("--heads", default=None, metavar="FOLDER", help="head drafters: trained folder")
-  p.add_argument("-k", type=count(1), default=4, help="draft tokens per verify step")
-  add_drafter_tuning(p)
+  add_drafter(p, default="draft-model", allow_none=False, k=4)
   add_runtime(p)
   p.add_argument("--batch-size", type=count(1), default=4, help="requests decoded together")
   p.add_argument("--max-new-tokens", type=count(1), default=64)
@@ -74,32 +73,11 @@ def add_parser(sub) -> None:
   p.add_argument("--heldout-every", type=count(0), default=8,
                  help="online: every n-th request goes to the rollback check's held-out slice "
                       "(0: no rollback)")
+  p.add_argument("--json", action="store_true",
+                 help="print the per-batch rows and the totals as one JSON object at the end")
   p.add_argument("--checkpoint", default=None, metavar="DIR",
                  help="online: checkpoint each round here; an existing one is resumed")
   p.set_defaults(run=run)
-
-
-def read_stream(path: str | pathlib.Path) -> list[dict]:
-  """[{"prompt", "chat", "phase"}] from a .jsonl stream or a text file of chat prompts."""
-  path = pathlib.Path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"prompt file {str(path)!r} does not exist")
-  lines = [x for x in path.read_text().splitlines() if x.strip()]
-  if not lines:
-    raise ValueError(f"prompt file {str(path)!r} holds no prompts")
-  if path.suffix != ".jsonl":
-    return [{"prompt": x, "chat": True, "phase": ""} for x in lines]
-  items = []
-  for n, line in enumerate(lines, 1):
-    try:
-      item = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path}:{n}: not a JSON line ({e.msg})") from None
-    if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
-      raise ValueError(f"{path}:{n}: expected an object with a \"prompt\" string, got {line[:60]!r}")
-    items.append({"prompt": item["prompt"], "chat": bool(item.get("chat", True)),
-                  "phase": str(item.get("phase", ""))})
-  return items
 
 
 def curve(values, width: int = 40) -> str:
@@ -111,7 +89,7 @@ def curve(values, width: int = 40) -> str:
 
 def stream_rows(model, items, drafter, dparams, spec: SpecConfig, batch_size: int,
                 learner: OnlineLearner | None = None, label: str = "", echo=print) -> list[dict]:
-  """Serves items (from read_stream) and returns one row per batch; echo prints a line per batch
+  """Serves items (from bench.suites.read_prompts) and returns one row per batch; echo prints a line per batch
   with the running acceptance curve (None: silent)."""
   tok = model.tokenizer
   requests = [tok.encode(tok.chat_prompt(x["prompt"]) if x["chat"] else x["prompt"])
@@ -149,7 +127,7 @@ def _line(label: str, rows, report: BatchReport, elapsed: float) -> str:
 
 
 def run(args) -> int:
-  items = read_stream(args.prompts)[:args.limit or None]
+  items = read_prompts(args.prompts)[:args.limit or None]
   if args.online and args.drafter != "draft-model":
     raise ValueError(f"--online trains a draft model (--drafter draft-model), not {args.drafter}")
   online = None
@@ -162,12 +140,12 @@ def run(args) -> int:
                           heldout_every=args.heldout_every, seed=args.seed)
   spec = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens,
                     sampling=SamplingConfig(args.temperature), prompt_bucket=128)
-  options = {"heads": args.heads, "draft": args.draft_model, "draft_layers": args.draft_layers,
-             **tuning_options(args)}
-  registry.check_options(args.drafter, **options)
+  options, fields = drafter_options(args)
+  check_drafter_options(args.drafter, options, fields)
   load = runtime_loader(args)
   model = load(args.model)
-  drafter, dparams = build_drafter(args.drafter, model, load, options, args.k)
+  announce(args)
+  drafter, dparams = build_drafter(args.drafter, model, load, options, args.k, fields)
   learner = None if online is None else OnlineLearner(dparams, drafter.config, online,
                                                       args.checkpoint)
   if learner is not None and learner.rounds:
@@ -175,11 +153,24 @@ def run(args) -> int:
           f"requests seen", file=sys.stderr)
   print(f"serving {len(items)} prompts, batch {args.batch_size}, drafter {args.drafter}"
         f"{' (online)' if learner else ''} on {jax.devices()[0].platform}", file=sys.stderr)
+  # With --json the batch lines go to stderr and stdout holds the one JSON object.
   rows = stream_rows(model, items, drafter, dparams, spec, args.batch_size, learner,
-                     echo=lambda s: print(s, flush=True))
+                     echo=lambda s: print(s, flush=True, file=sys.stderr if args.json else None))
   acc = [r["acceptance"] for r in rows if np.isfinite(r["acceptance"])] or [np.nan]
+  totals = dict(prompts=len(items), batches=len(rows), mean_acceptance=float(np.mean(acc)),
+                first_acceptance=acc[0], last_acceptance=acc[-1],
+                rounds=learner.rounds if learner else 0,
+                rolled_back=learner.rollbacks if learner else 0)
+  if args.json:
+    print(json.dumps(dict(drafter=args.drafter, rows=rows, **totals), default=_jsonable))
+    return 0
   print(f"--- {len(items)} prompts in {len(rows)} batches: mean acceptance {np.mean(acc):.3f} "
         f"(first batch {acc[0]:.3f}, last {acc[-1]:.3f})"
         + (f"; {learner.rounds} update rounds, {learner.rollbacks} rolled back" if learner
            else ""))
   return 0
+
+
+def _jsonable(x):
+  """numpy scalars in the rows as Python numbers (NaN stays NaN: JSON's own extension)."""
+  return x.item() if hasattr(x, "item") else str(x)

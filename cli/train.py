@@ -5,9 +5,9 @@ import argparse
 import dataclasses
 import importlib.util
 import pathlib
-import runpy
 
-from speculax.cli.args import count
+from speculax.cli.args import announce, count
+from speculax.core import config_files, overrides
 
 
 def add_parser(sub) -> None:
@@ -24,6 +24,10 @@ def add_parser(sub) -> None:
                  help="override the number of optimizer updates "
                       "(EXPERIMENT.distill.optim.total_steps)")
   p.add_argument("--out-dir", default=None, help="override the experiment's output folder")
+  p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                 help="override any experiment field by its dotted path, e.g. --set "
+                      "distill.optim.learning_rate=1e-3 --set data.rows=2048 (repeatable; applied "
+                      "after --steps and --out-dir)")
   p.set_defaults(run=run)
 
 
@@ -33,32 +37,14 @@ def _configs_folder() -> pathlib.Path:
 
 def shipped_experiments() -> list[str]:
   """Experiment files installed with speculax (speculax/configs), by name."""
-  return sorted(f.stem for f in _configs_folder().glob("*.py")
-                if f.stem != "__init__" and "EXPERIMENT =" in f.read_text(encoding="utf-8"))
+  return config_files.shipped(_configs_folder(), "EXPERIMENT")
 
 
 def load_experiment(path: str):
-  """The DistillExperiment a config file defines as EXPERIMENT. A file that does not parse, fails
-  while it runs (a config value out of range, a field that does not exist, a missing import) or
-  holds something else raises ValueError naming the file and the problem."""
+  """The DistillExperiment a config file (or a shipped one, by name) defines as EXPERIMENT."""
   from speculax.train.experiment import DistillExperiment
-  file = pathlib.Path(path)
-  if not file.is_file() and path in shipped_experiments():
-    file = _configs_folder() / f"{path}.py"
-  if not file.is_file():
-    raise FileNotFoundError(f"experiment config {path!r} does not exist (shipped ones: "
-                            f"{', '.join(shipped_experiments())})")
-  try:
-    names = runpy.run_path(str(file))
-  except SyntaxError as e:
-    raise ValueError(f"{path}:{e.lineno}: not valid Python: {e.msg}") from None
-  except Exception as e:  # the file's own code failed: report it as the file's problem
-    raise ValueError(f"{path}: {type(e).__name__}: {e}") from None
-  exp = names.get("EXPERIMENT")
-  if not isinstance(exp, DistillExperiment):
-    got = "nothing" if exp is None else f"a {type(exp).__name__} ({exp!r:.60})"
-    raise ValueError(f"{path} must define EXPERIMENT = DistillExperiment(...); it defines {got}")
-  return exp
+  return config_files.load(path, "EXPERIMENT", DistillExperiment, _configs_folder(),
+                           "experiment config")
 
 
 def overridden(exp, *, steps: int | None = None, out_dir: str | None = None):
@@ -75,6 +61,8 @@ def run(args) -> int:
   from speculax.train.experiment import run as run_experiment
   from speculax.train.heads import HeadsConfig
   exp = overridden(load_experiment(args.config), steps=args.steps, out_dir=args.out_dir)
+  exp = overrides.apply(exp, args.set)
+  announce(args)
   result = run_experiment(exp)
   print(f"{exp.name}: held-out acceptance (1 - TV) {result['heldout_acceptance_before']:.3f} -> "
         f"{result['heldout_acceptance_after']:.3f} after {result['steps']} micro-batches; "

@@ -13,7 +13,9 @@ class DecodeOutput:
   prefill_s: float
   decode_s: float
   forwards: int  # target forward passes, prefill included
-  compile_s: float = 0.0  # warm-up compile time, measured apart from the timed run
+  # Warm-up compile time, measured apart from the timed run; None: no warm-up ran, so the
+  # timings include compiling (decode calls with warmup=False).
+  compile_s: float | None = None
   # Speculative runs only (autoregressive decoding is k = 0):
   row_steps: int = 0  # verify steps summed over the sequences still active in them
   # Tokens those steps emitted: accepted drafts + one target token each, fewer where the token
@@ -53,10 +55,19 @@ class DecodeOutput:
     """Mean draft tokens the target checked per step per sequence (tree nodes for a tree)."""
     return self.drafted / self.row_steps if self.row_steps else 0.0
 
+  def metrics(self) -> dict:
+    """What summary() says, JSON-ready (tokens per prompt included)."""
+    return dict(tokens=self.tokens, new_tokens=self.new_tokens, tokens_per_s=self.tokens_per_s,
+                prefill_s=self.prefill_s, decode_s=self.decode_s, compile_s=self.compile_s,
+                forwards=self.forwards, tau=self.tau, acceptance=self.acceptance.tolist(),
+                drafts_per_step=self.draft_length)
+
   def summary(self) -> str:
     acc = " ".join(f"{a:.2f}" for a in self.acceptance)
+    compiled = ("timings include compiling: no warm-up ran" if self.compile_s is None else
+                f"compile {self.compile_s:.1f} s not counted")
     return (f"{self.new_tokens} new tokens in {self.wall_s:.2f} s: {self.tokens_per_s:.1f} tokens/s "
-            f"(prefill {self.prefill_s:.2f} s, decode {self.decode_s:.2f} s; compile "
-            f"{self.compile_s:.1f} s not counted); {self.forwards} target forwards, "
+            f"(prefill {self.prefill_s:.2f} s, decode {self.decode_s:.2f} s; {compiled}); "
+            f"{self.forwards} target forwards, "
             f"tau {self.tau:.2f}" + (f", acceptance by position [{acc}], {self.draft_length:.2f} "
                                      "drafts checked per step" if acc else ""))

@@ -76,8 +76,9 @@ class LayerSkip(Drafter):
 
   @classmethod
   def build(cls, params, config, *, skip: tuple[int, ...] | None = None, calibration=None,
-            k: int = 5, tree: Tree | None = None, adapt: int = 0):
-    """`skip` layers, or the set searched on `calibration` prompts (token-id lists) for k.
+            k: int = 5, tree: Tree | None = None, adapt: int = 0, searched=None):
+    """`skip` layers, or the set searched on `calibration` prompts (token-id lists) for k (or
+    the result of that search, `searched`, when it ran already).
     adapt: also carry that many more skip sets from the search's trace (spread from the fewest
     to the most layers skipped) and switch among them on the fly."""
     if adapt < 0:
@@ -87,9 +88,9 @@ class LayerSkip(Drafter):
         raise ValueError("layer-skip adapt takes its skip sets from the search: give calibration "
                          "prompts instead of a skip set")
       return cls.skipping(config.n_layers, skip, tree), None
-    if not calibration:
+    if not calibration and searched is None:
       raise ValueError("layer-skip needs a skip set or calibration prompts to search one on")
-    found = search_skip_set(params, config, calibration, k=k)
+    found = searched if searched is not None else search_skip_set(params, config, calibration, k=k)
     rounds = found.trace[1:]  # round r skips r layers
     spread = sorted({int(round(x)) for x in np.linspace(0, len(rounds) - 1, adapt + 1)}
                     - {len(found.skip) - 1}) if adapt and rounds else []

@@ -11,8 +11,8 @@ still run, so a rare GPU session is never lost to one bug):
   3. tree-attention kernel vs XLA attention (the platform's Pallas backend, bf16 cache), cache
      lengths 512..16k, trees of 8..64 nodes, Llama-3-8B heads;
   4. head-drafter training throughput (EAGLE on the target, tokens/s after compilation);
-  5. every drafter's tau and speedup on the target (research/bench_drafters.py: chain and tree,
-     greedy and t=1, batch 1 and 8), within what is left of --budget-min.
+  5. every drafter's tau and speedup on the target (`speculax bench --config drafters`: chain and
+     tree, greedy and t=1, batch 1 and 8), within what is left of --budget-min.
 
   python -m speculax.research.accelerator_suite --model exported/smollm2   # on the GPU
   python -m speculax.research.accelerator_suite --smoke                     # CPU, tiny, ~2 min
@@ -35,6 +35,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculax.bench import run as bench_run
+from speculax.bench.measure import forward_seconds, machine
+from speculax.bench.report import table
+from speculax.configs.bench import drafters as drafter_set
+from speculax.core import overrides
 from speculax.decode.config import GenerateConfig
 from speculax.decode.generate import generate
 from speculax.drafters.eagle import Eagle
@@ -43,14 +48,13 @@ from speculax.models.attention import attention, prefix_block_mask
 from speculax.models.config import PRECISIONS, get_preset
 from speculax.models.kernels.tree_attention import BlockSizes, tree_attention
 from speculax.models.load import LoadedModel, load, with_precision
-from speculax.research import bench_drafters
-from speculax.research.common import forward_seconds, machine, read_bandwidth, table
+from speculax.research.common import OUT, read_bandwidth
 from speculax.train import experiment
 from speculax.train.heads import HeadsConfig
 from speculax.train.metrics_log import MetricsLog
 from speculax.train.optim import OptimConfig
 
-RESULTS = pathlib.Path("results/accelerator_suite.json")
+RESULTS = OUT / "accelerator_suite.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,16 +71,18 @@ class Sizes:
   train_steps: int = 30
   train_batch: int = 8
   seq_len: int = 256
-  drafter_args: tuple[str, ...] = ("--suites", "humaneval", "--prompts", "3",
-                                   "--new-tokens", "48")
+  # The drafter section: configs/bench/drafters.py's methods (those named here: all when empty)
+  # at these settings.
+  drafter_methods: tuple[str, ...] = ()
+  drafter_bench: tuple[str, ...] = ("suites=('humaneval',)", "prompts=3", "new_tokens=48")
 
 
 SMOKE = Sizes(batches=(1, 2), new_tokens=8, big="tiny-untied-llama3", forward_tokens=(1, 2, 4),
               cache_lengths=(64, 128), tree_sizes=(4, 8), heads=(4, 2, 16), interpret=True,
               train_steps=3, train_batch=2, seq_len=32,
-              drafter_args=("--suites", "humaneval", "--prompts", "1", "--new-tokens", "8",
-                            "--batch-sizes", "1", "--sampling", "greedy", "--skip", "1",
-                            "--forward-tokens", "2", "--only", "prompt lookup"))
+              drafter_methods=("prompt lookup",),
+              drafter_bench=("suites=('humaneval',)", "prompts=1", "new_tokens=8",
+                             "batch_sizes=(1,)", "temperatures=(0,)"))
 
 
 def step_seconds(model: LoadedModel, batch: int, new_tokens: int) -> float:
@@ -187,11 +193,12 @@ def training_throughput(target: LoadedModel, sizes: Sizes, folder: pathlib.Path)
 
 
 def drafters(target: LoadedModel, sizes: Sizes, args) -> list[dict]:
-  model = with_precision(target, args.precision)
-  bench_args = bench_drafters.parser().parse_args(
-      [*sizes.drafter_args, "--drafters-dir", str(args.drafters_dir)])
-  rows, _ = bench_drafters.bench(model, bench_args)
-  return rows
+  """speculax bench's rows for the drafters found under --drafters-dir."""
+  methods = tuple(m for m in drafter_set.methods(args.drafters_dir)
+                  if not sizes.drafter_methods or m.name in sizes.drafter_methods)
+  cfg = dataclasses.replace(drafter_set.BENCH, methods=methods, precision=args.precision)
+  cfg = overrides.apply(cfg, sizes.drafter_bench)
+  return bench_run.run(cfg, "drafters", model=with_precision(target, args.precision))["rows"]
 
 
 def smoke_target() -> LoadedModel:
@@ -327,8 +334,8 @@ def markdown(results: dict) -> str:
   if "drafters" in sec:
     parts.append(table(["batch", "sampling", "method", "tau", "tok/s", "x AR", "same as AR"],
                        [[r["batch"], r["sampling"], r["method"], r["tau"], r["tokens_per_s"],
-                         r["speedup"], f"{r['same_as_ar']}/{r['sequences']}"]
-                        for r in sec["drafters"]]))
+                         r["speedup"], "-" if r["same_as_ar"] is None else
+                         f"{r['same_as_ar']}/{r['sequences']}"] for r in sec["drafters"]]))
   parts += [f"{name}: {error}" for name, error in results["errors"].items()]
   return "\n\n".join(parts)
 

@@ -17,11 +17,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax
 
+from speculax.bench.measure import machine
+from speculax.bench.report import table
 from speculax.decode.config import GenerateConfig
 from speculax.decode.generate import generate
 from speculax.models.assets import humaneval_prompts
 from speculax.models.load import load
-from speculax.research.common import hf_model, machine, median, read_bandwidth, table
+from speculax.research.common import add_target_and_out, hf_model, median, read_bandwidth
 
 
 def _hf_generate(model, batch: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
@@ -43,9 +45,10 @@ def main():
   ap.add_argument("--new-tokens", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=3, help="timed repeats; medians are reported")
   ap.add_argument("--batch-sizes", default="1,8")
+  add_target_and_out(ap)
   args = ap.parse_args()
 
-  model = load("smollm2-135m")
+  model = load(args.model)
   tok = model.tokenizer
   prompts = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(args.prompts)]
   gen = GenerateConfig(max_new_tokens=args.new_tokens)  # no EOS: exactly new_tokens each

@@ -5,33 +5,29 @@ The skip-set search (drafters/layer_skip_search.py) runs on the first 4 HumanEva
 chosen set and `--adapt` more from its trace (spread up to 18 of 30 layers skipped) are the
 fixed rows and the switching drafter's sets. VocabTrim's order is the target's tokens by
 frequency in its own greedy answers to instructions built from standard-library functions
-(never HumanEval) and in standard-library code (written to
-results/drafters/smollm2-135m-vocab-order.npy). Decoded: HumanEval
-prompts after the calibration ones, one at a time, N new tokens (EOS off), greedy; compile time
-apart. Writes results/bench_self_speculation.json.
+(never HumanEval) and in standard-library code (written beside the results; the shipped
+results/drafters/smollm2-135m-vocab-order.npy came from this). Decoded through speculax.bench:
+HumanEval prompts after the calibration ones, one at a time, N new tokens (EOS off), greedy,
+against autoregressive decoding in the same run; compile time apart. Writes
+<out>/bench_self_speculation.json, .md and .png.
 
-  .venv/bin/python -m speculax.research.bench_self_speculation [--prompts 4] [--new-tokens 64]
+  .venv/bin/python -m speculax.research.bench_self_speculation [--prompts 4] [--out runs/bench]
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import pathlib
-import time
 
 import numpy as np
 
-from speculax.decode.config import SpecConfig
+from speculax.bench import methods as bench_methods
+from speculax.bench.config import BenchConfig, method
+from speculax.bench.report import markdown
+from speculax.bench.run import run
 from speculax.drafters import registry, vocab_trim
-from speculax.drafters.layer_skip import LayerSkip
-from speculax.models.assets import humaneval_prompts
 from speculax.models.load import load
-from speculax.research.common import machine, run_prompts, table, verify_cost
+from speculax.research.common import verify_cost
 from speculax.train import data
-
-RESULTS = pathlib.Path("results/bench_self_speculation.json")
-ORDER = pathlib.Path("results/drafters/smollm2-135m-vocab-order.npy")
 
 
 def token_order(model, n_prompts: int, new_tokens: int, code_files: int) -> np.ndarray:
@@ -48,31 +44,31 @@ def token_order(model, n_prompts: int, new_tokens: int, code_files: int) -> np.n
   return vocab_trim.frequency_order(answers + code, model.config.vocab_size)
 
 
-def _methods(model, calibration, order, cost, args):
-  """name -> (drafter, params): every searched set plain, then the first (least skipping) with
-  each trim size and exit threshold, and the on-the-fly switching among all of them."""
-  cfg, params = model.config, model.params
-  searched, _ = registry.make("layer-skip", params, cfg, calibration=calibration, k=args.k,
+def methods(model, order_file: pathlib.Path, cost: float, args) -> tuple:
+  """Every searched set plain, then the first (least skipping) with each trim size and exit
+  threshold, and the on-the-fly switching among all of them."""
+  cfg = model.config
+  found = bench_methods.searched(model, args.k)
+  searched, _ = registry.make("layer-skip", model.params, cfg, searched=found, k=args.k,
                               adapt=args.adapt)
-  skipped = lambda keep: cfg.n_layers - len(keep)
-  ids = {vocab_trim.IDS: order}
-  methods = {"autoregressive": (None, None)}
-  for keep in sorted(searched.keep_sets, key=skipped):
-    methods[f"skip {skipped(keep)}"] = (LayerSkip(keep), None)
-  best = LayerSkip(searched.keep)
-  for n in args.trims:
-    methods[f"skip {skipped(best.keep)} + trim {n}"] = (
-        dataclasses.replace(best, vocab_trim=n), ids)
-  for p in args.exits:
-    methods[f"skip {skipped(best.keep)} + exit {p}"] = (
-        dataclasses.replace(best, exit_threshold=p), None)
-  sets = len(searched.keep_sets)
-  methods[f"switching among {sets} sets"] = (searched, None)
-  measured = dataclasses.replace(searched, verify_cost=round(cost, 2))
-  methods[f"switching among {sets} sets, verify cost {measured.verify_cost}"] = (measured, None)
-  methods[f"switching among {sets} sets, verify cost {measured.verify_cost} + trim "
-          f"{max(args.trims)}"] = (dataclasses.replace(measured, vocab_trim=max(args.trims)), ids)
-  return methods
+  skipped = lambda keep: tuple(sorted(set(range(cfg.n_layers)) - set(keep)))
+  best = skipped(searched.keep)
+  trim = dict(vocab_ids=str(order_file))
+  rows = [method(f"skip {len(skipped(keep))}", "layer-skip", k=args.k, skip=skipped(keep))
+          for keep in sorted(searched.keep_sets, key=lambda keep: len(skipped(keep)))]
+  rows += [method(f"skip {len(best)} + trim {n}", "layer-skip", k=args.k, skip=best,
+                  vocab_trim=n, **trim) for n in args.trims]
+  rows += [method(f"skip {len(best)} + exit {p}", "layer-skip", k=args.k, skip=best,
+                  exit_threshold=p) for p in args.exits]
+  sets, cost = len(searched.keep_sets), round(cost, 2)
+  switching = f"switching among {sets} sets"
+  rows += [method(switching, "layer-skip", k=args.k, adapt=args.adapt),
+           method(f"{switching}, verify cost {cost}", "layer-skip", k=args.k, adapt=args.adapt,
+                  set={"verify_cost": cost}),
+           method(f"{switching}, verify cost {cost} + trim {max(args.trims)}", "layer-skip",
+                  k=args.k, adapt=args.adapt, vocab_trim=max(args.trims), **trim,
+                  set={"verify_cost": cost})]
+  return tuple(rows)
 
 
 def main():
@@ -88,41 +84,20 @@ def main():
   ap.add_argument("--adapt", type=int, default=3, help="extra skip sets (switching, fixed rows)")
   ap.add_argument("--order-prompts", type=int, default=64, help="instructions for the order")
   ap.add_argument("--order-files", type=int, default=300, help="stdlib files for the order")
+  ap.add_argument("--out", default="runs/bench", help="folder for the JSON, table and plot")
   args = ap.parse_args()
-  t0 = time.perf_counter()
   model = load("smollm2-135m")
-  tok = model.tokenizer
-  encode = lambda texts: [tok.encode(tok.chat_prompt(p)) for p in texts]
-  prompts = encode(humaneval_prompts(4 + args.prompts)[4:])
-  order = token_order(model, args.order_prompts, 64, args.order_files)
-  ORDER.parent.mkdir(parents=True, exist_ok=True)
-  np.save(ORDER, order)
+  order_file = pathlib.Path(args.out) / "smollm2-135m-vocab-order.npy"
+  order_file.parent.mkdir(parents=True, exist_ok=True)
+  np.save(order_file, token_order(model, args.order_prompts, 64, args.order_files))
   cost = verify_cost(model, args.k)
   print(f"a {args.k + 1}-token verify forward costs {cost:.2f} one-token forwards", flush=True)
-  methods = _methods(model, encode(humaneval_prompts(4)), order, cost, args)
-  spec = SpecConfig(k=args.k, max_new_tokens=args.new_tokens)
-  rows, base = [], None
-  for name, (drafter, dparams) in methods.items():
-    r = run_prompts(model, prompts, drafter, dparams, spec)
-    tok_s, tau, acc, checked, compile_s = (r.tokens_per_s, r.tau, r.acceptance, r.drafts_per_step,
-                                           r.compile_s)
-    base = base or tok_s
-    rows.append(dict(method=name, tau=tau, acceptance=acc, drafts_per_step=checked,
-                     tokens_per_s=tok_s, speedup=tok_s / base, compile_s=compile_s,
-                     drafter=str(drafter)))
-    print(f"{name}: tau {tau:.2f}, {checked:.2f} drafts/step, {tok_s:.1f} tok/s, "
-          f"x{tok_s / base:.2f}", flush=True)
-  settings = (f"SmolLM2-135M fp32, batch 1, greedy, {args.new_tokens} new tokens (EOS off), "
-              f"k={args.k}, HumanEval prompts 5..{4 + args.prompts} (chat); {machine()}")
-  print(f"\n{settings}\n")
-  print(table(["method", "tau", "acceptance by position", "drafts/step", "tok/s", "x AR",
-               "compile s"],
-              [[r["method"], r["tau"], " ".join(f"{a:.2f}" for a in r["acceptance"]) or "-",
-                r["drafts_per_step"], r["tokens_per_s"], r["speedup"], r["compile_s"]]
-               for r in rows]))
-  RESULTS.write_text(json.dumps(dict(settings=settings, machine=machine(), args=vars(args),
-                                     verify_cost=cost, rows=rows), indent=1))
-  print(f"\nwrote {RESULTS}; total run time {time.perf_counter() - t0:.0f} s")
+  cfg = BenchConfig(methods=methods(model, order_file, cost, args), prompts=args.prompts,
+                    new_tokens=args.new_tokens)
+  result = run(cfg, "bench_self_speculation", model=model, out=args.out,
+               command="python -m speculax.research.bench_self_speculation " + " ".join(
+                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()))
+  print(markdown(result))
 
 
 if __name__ == "__main__":

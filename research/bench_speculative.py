@@ -6,7 +6,7 @@ per batch so machine drift hits them alike. Compile time is measured apart (warm
 counted. Drafters come from `drafters.registry` (layer-skip searches its skip set on the first 4
 prompts). The peer is transformers' prompt-lookup `generate` on the same token ids; its tau is
 new tokens / model forwards (its prefill and first verify share one forward).
-Writes results/bench_speculative.json.
+Writes <out>/bench_speculative.json (--out, default runs/results).
 
   .venv/bin/python -m speculax.research.bench_speculative [--prompts 20] [--new-tokens 128] [-k 5]
 """
@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 
+from speculax.bench.measure import machine
+from speculax.bench.report import table
 from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.speculative import speculative_generate
@@ -29,10 +30,9 @@ from speculax.drafters import registry
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models.assets import humaneval_prompts
 from speculax.models.load import load
-from speculax.research.common import hf_model, machine, median, table
+from speculax.research.common import add_target_and_out, hf_model, median
 
 AR, HF_PLD = "autoregressive", "transformers prompt-lookup"
-RESULTS = pathlib.Path("results/bench_speculative.json")
 
 
 def _describe(drafter, config) -> str:
@@ -192,10 +192,12 @@ def main():
   ap.add_argument("--drafters", default="prompt-lookup,layer-skip,draft-model")
   ap.add_argument("--skip-layers", default=None,
                   help="layer-skip drafter's skipped layers, e.g. 3,7,12; default: search on 4 prompts")
+  add_target_and_out(ap)
   args = ap.parse_args()
   t_start = time.perf_counter()
+  results = args.out / "bench_speculative.json"
 
-  model = load("smollm2-135m")
+  model = load(args.model)
   tok = model.tokenizer
   encode = lambda texts: [tok.encode(tok.chat_prompt(p)) for p in texts]
   prompts, calibration = encode(humaneval_prompts(args.prompts)), encode(humaneval_prompts(4))
@@ -217,11 +219,11 @@ def main():
   print("same tokens: vs our autoregressive at the same batch (autoregressive and transformers rows: "
         "vs ours at batch 1); flips: p<prompt>@<first differing position>\n")
   _print_table(rows)
-  RESULTS.parent.mkdir(parents=True, exist_ok=True)
-  RESULTS.write_text(json.dumps(dict(settings=settings, machine=machine(), args=vars(args),
+  results.parent.mkdir(parents=True, exist_ok=True)
+  results.write_text(json.dumps(dict(settings=settings, machine=machine(), args=vars(args),
                                      hf_batch_limit=hf_limit, drafters=about,
                                      rows=rows), indent=1))
-  print(f"\nwrote {RESULTS}; total run time {time.perf_counter() - t_start:.0f} s")
+  print(f"\nwrote {results}; total run time {time.perf_counter() - t_start:.0f} s")
 
 
 if __name__ == "__main__":

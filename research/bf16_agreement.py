@@ -23,6 +23,8 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
+from speculax.bench.measure import machine
+from speculax.bench.report import table
 from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.speculative import speculative_generate
@@ -32,10 +34,10 @@ from speculax.models.assets import humaneval_prompts
 from speculax.models.config import PRECISIONS
 from speculax.models.kvcache import KVCache
 from speculax.models.load import load, with_precision
-from speculax.research.common import machine, table
+from speculax.research.common import OUT
 from speculax.train import prompts as prompt_sources
 
-RESULTS = pathlib.Path("results/bf16_agreement.json")
+RESULTS = OUT / "bf16_agreement.json"
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

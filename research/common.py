@@ -1,27 +1,28 @@
-"""Shared pieces of the benchmark scripts: machine, bandwidth probe, decode runs, tables, plots."""
+"""What the research scripts share beyond speculax.bench: the bandwidth probe, verify cost, the
+transformers peer."""
 from __future__ import annotations
 
-import dataclasses
-import os
-import platform
+import pathlib
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from speculax.decode.config import SpecConfig
-from speculax.decode.generate import generate
-from speculax.decode.speculative import speculative_generate
-from speculax.models import llama
-from speculax.models.kvcache import KVCache
+from speculax.bench.measure import forward_seconds
+
+# Where research scripts write: never over the committed results/ unless told (`--out results`
+# refreshes the README's tables).
+OUT = pathlib.Path("runs/results")
 
 
-def machine() -> str:
-  dev = jax.devices()[0]
-  return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"jax {jax.__version__} on {dev.platform} ({dev.device_kind})")
+def add_target_and_out(ap) -> None:
+  """--model (the target) and --out (the output folder), the same in every research script."""
+  ap.add_argument("--model", default="smollm2-135m",
+                  help="the target: a preset, a .gguf file or a Hugging Face folder")
+  ap.add_argument("--out", type=pathlib.Path, default=OUT,
+                  help="folder for the JSON and plots (`--out results` replaces the committed "
+                       "ones)")
 
 
 def read_bandwidth(n_bytes: int = 512 << 20, repeats: int = 5) -> float:
@@ -41,22 +42,6 @@ def read_bandwidth(n_bytes: int = 512 << 20, repeats: int = 5) -> float:
   return n_bytes / min(times)
 
 
-def forward_seconds(model, t: int, repeats: int = 20) -> float:
-  """Median time of a jitted t-token forward against a cache holding 256 of 512 slots: the
-  verify forward of t - 1 drafts (t = 1: a one-token step), alone, outside any decode loop."""
-  cfg, params = model.config, llama.unstack_layers(model.params)
-  cache = KVCache.init(cfg, 1, 512, per_layer=True).with_lengths(jnp.full((1,), 256))
-  tokens = jnp.ones((1, t), jnp.int32)
-  positions = 256 + jnp.arange(t, dtype=jnp.int32)[None]
-  llama.forward_jit(params, cfg, tokens, positions, cache)[0].block_until_ready()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    llama.forward_jit(params, cfg, tokens, positions, cache)[0].block_until_ready()
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
-
-
 def verify_cost(model, k: int, repeats: int = 20) -> float:
   """A (k + 1)-token forward over a one-token one: what a verify step costs in one-token target
   steps on this machine."""
@@ -65,15 +50,6 @@ def verify_cost(model, k: int, repeats: int = 20) -> float:
 
 def median(xs) -> float:
   return statistics.median(xs)
-
-
-def table(header: list[str], rows: list[list]) -> str:
-  """A Markdown table; floats get 3 significant-ish digits."""
-  fmt = lambda x: f"{x:.3g}" if isinstance(x, float) and abs(x) < 100 else (
-      f"{x:.0f}" if isinstance(x, float) else str(x))
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  lines += ["| " + " | ".join(fmt(x) for x in r) + " |" for r in rows]
-  return "\n".join(lines)
 
 
 def hf_model():
@@ -86,70 +62,3 @@ def hf_model():
   model = transformers.AutoModelForCausalLM.from_pretrained(
       path.parent, gguf_file=path.name, dtype=torch.float32)
   return model.eval()
-
-
-@dataclasses.dataclass
-class Run:
-  """Totals of one method over a prompt set."""
-  tokens_per_s: float
-  tau: float  # tokens per sequence per verify step
-  acceptance: list[float]  # share of verify steps whose draft i was kept, by position
-  drafts_per_step: float  # draft tokens the target checked per step (per sequence)
-  compile_s: float
-  steps: int  # verify steps (loop iterations; prefill not counted)
-  decode_s: float  # wall time of the decode loops (prefill apart)
-  tokens: list[list[int]]  # new tokens per prompt, in order
-
-
-def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int = 1,
-                hot: bool = False) -> Run:
-  """One method over the prompts decoded `batch` at a time (drafter None = autoregressive).
-  Every batch compiles apart first (warmup; a no-op when its shapes were compiled already):
-  batches in another prompt-length bucket recompile.
-
-  hot: each batch starts from the drafter state the previous one ended with (as params).
-  """
-  wall = n_tokens = row_steps = step_tokens = compile_s = accepted = drafted = steps = decode = 0
-  tokens = []
-  for i in range(0, len(prompts) - batch + 1, batch):
-    key, chunk = jax.random.key(i), prompts[i:i + batch]
-    if drafter is None:
-      out = generate(model.params, model.config, chunk, spec, key, warmup=True)
-    else:
-      out = speculative_generate(model.params, model.config, chunk, drafter, spec,
-                                 drafter_params=dparams, key=key, warmup=True)
-      if hot:
-        dparams = out.drafter_state
-      row_steps, step_tokens = row_steps + out.row_steps, step_tokens + out.step_tokens
-      accepted, drafted = accepted + out.accepted_at, drafted + out.drafted
-    wall, n_tokens, compile_s = wall + out.wall_s, n_tokens + out.new_tokens, compile_s + out.compile_s
-    steps, decode = steps + out.forwards - 1, decode + out.decode_s
-    tokens += out.tokens
-  tau = step_tokens / row_steps if row_steps else 1.0
-  acceptance = (np.asarray(accepted) / max(row_steps, 1)).tolist() if row_steps else []
-  return Run(n_tokens / wall, tau, acceptance, drafted / max(row_steps, 1), compile_s, steps,
-             decode, tokens)
-
-
-def plot_tau_speedup(rows, path, title: str, panels=("greedy", "t=1"), key="sampling"):
-  """Speedup against tau, one panel per value of row[key], a labelled dot per method."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  cols = min(len(panels), 2)  # two panels a row: four side by side leave the labels unreadable
-  n_rows = -(-len(panels) // cols)
-  fig, axes = plt.subplots(n_rows, cols, figsize=(7 * cols, 5 * n_rows), sharey=True,
-                           squeeze=False)
-  for ax in axes.flat[len(panels):]:
-    ax.set_visible(False)
-  for ax, panel in zip(axes.flat, panels):
-    for r in (r for r in rows
-              if r[key] == panel and not r["method"].startswith("autoregressive")):
-      ax.scatter(r["tau"], r["speedup"])
-      ax.annotate(r["method"], (r["tau"], r["speedup"]), fontsize=7)
-    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-    ax.set(title=f"{title}, {panel}", xlabel="tau (tokens per target forward)",
-           ylabel="speedup over autoregressive")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)

@@ -3,7 +3,7 @@
 For each divergence: held-out acceptance (1 - TV on held-out stdlib rows), then chain
 speculative decoding with the trained draft on held-out HumanEval prompts, greedy and at
 temperature 1: tau and speedup over autoregressive decoding. The untrained initialization is
-the baseline row. Prints a Markdown table, writes results/distillspec.json and a bar plot.
+the baseline row. Prints a Markdown table, writes <out>/distillspec.json and a bar plot.
 
   .venv/bin/python -m speculax.research.distillspec [--steps 300] [--prompts 8] [--new-tokens 64]
 """
@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import pathlib
 
 import jax
 
+from speculax.bench.measure import machine
+from speculax.bench.report import table
 from speculax.configs.distill_smollm2 import EXPERIMENT
 from speculax.core.sampling import SamplingConfig
 from speculax.decode.config import GenerateConfig, SpecConfig
@@ -25,7 +26,7 @@ from speculax.drafters.draft_model import DraftModel
 from speculax.models.assets import humaneval_prompts
 from speculax.models.derive import truncated
 from speculax.models.load import load
-from speculax.research.common import machine, table
+from speculax.research.common import add_target_and_out
 from speculax.train.experiment import run
 
 DIVERGENCES = [("fkl", ()), ("rkl", ()), ("jsd", (("beta", 0.5),)), ("tvd", ()),
@@ -78,10 +79,11 @@ def main():
   ap.add_argument("-k", type=int, default=4)
   ap.add_argument("--divergences", default=",".join(name for name, _ in DIVERGENCES),
                   help="comma-separated subset of the divergences to train")
-  ap.add_argument("--out-dir", default="runs/distillspec")
+  ap.add_argument("--out-dir", default="runs/distillspec", help="training runs")
+  add_target_and_out(ap)
   args = ap.parse_args()
 
-  model = load(EXPERIMENT.target)
+  model = load(args.model)
   tok = model.tokenizer
   prompts = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(args.prompts)]
   base = dataclasses.replace(
@@ -120,11 +122,11 @@ def main():
         f"k={args.k}, {args.prompts} HumanEval prompts x {args.new_tokens} tokens; {machine()}\n")
   print(table(["drafter", "held-out 1-TV", "tau greedy", "speedup greedy", "tau t=1",
                "speedup t=1"], rows))
-  out = pathlib.Path("results")
-  out.mkdir(exist_ok=True)
+  out = args.out
+  out.mkdir(parents=True, exist_ok=True)
   (out / "distillspec.json").write_text(json.dumps({"rows": rows, "runs": records}, indent=1))
   plot(rows, out / "distillspec.png")
-  print(f"\nwrote results/distillspec.json and results/distillspec.png; training curves: "
+  print(f"\nwrote {out}/distillspec.json and {out}/distillspec.png; training curves: "
         f"{[r['plot'] for r in records]}")
 
 

@@ -1,6 +1,6 @@
 """Online Speculative Decoding on a stream whose domain shifts: code, then chat, then code again.
 
-The stream (written to results/online_stream.jsonl, which `speculax serve-bench` also serves):
+The stream (written to <out>/online_stream.jsonl, which `speculax serve-bench` also serves):
   1. code: instructions about Python standard-library functions (write / explain / continue),
   2. chat: everyday questions on cooking, travel and gardening, answered by the target,
   3. code again, from other stdlib files.
@@ -13,7 +13,7 @@ Each method serves the same stream in the same batches with SmolLM2-135M as the 
   (c) Token Recycling, hot: its adjacency matrix carried from batch to batch (train-free).
 Autoregressive decoding of each phase's first batches gives the speedup baseline. Prints a
 table per phase (acceptance over the phase and at its end, tau, tok/s, speedup) and writes
-results/online_adaptation.json and .png (acceptance over the stream, phases shaded).
+<out>/online_adaptation.json and .png (acceptance over the stream, phases shaded).
 
   .venv/bin/python -m speculax.research.online_adaptation [--phase-requests 24] [--new-tokens 48]
 """
@@ -22,12 +22,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import pathlib
 
 import jax
 import numpy as np
 
-from speculax.cli.serve_bench import read_stream, stream_rows
+from speculax.bench.measure import machine
+from speculax.bench.report import table
+from speculax.bench.suites import read_prompts
+from speculax.cli.serve_bench import stream_rows
 from speculax.core.sampling import SamplingConfig
 from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
@@ -35,7 +37,7 @@ from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models.derive import truncated
 from speculax.models.load import load
-from speculax.research.common import machine, table
+from speculax.research.common import add_target_and_out
 from speculax.serve.online import OnlineConfig, OnlineLearner
 from speculax.train.data import function_prompts, split_files, stdlib_files
 from speculax.train.distill import DistillConfig
@@ -43,8 +45,6 @@ from speculax.train.experiment import DataConfig, DistillExperiment, run
 from speculax.train.optim import OptimConfig
 from speculax.train.prompts import CHAT_ASKS, CHAT_SUBJECTS
 
-RESULTS = pathlib.Path("results/online_adaptation.json")
-STREAM = pathlib.Path("results/online_stream.jsonl")
 # The stream's everyday questions: the first subjects and asks of the self-distillation chat set.
 TOPICS, ASKS = CHAT_SUBJECTS[:12], CHAT_ASKS[:4]
 
@@ -161,12 +161,14 @@ def main():
   ap.add_argument("--seq-len", type=int, default=128)
   ap.add_argument("--all-positions", action="store_true")
   ap.add_argument("--ar-batches", type=int, default=1, help="AR baseline batches per phase")
+  add_target_and_out(ap)
   args = ap.parse_args()
+  results, stream = args.out / "online_adaptation.json", args.out / "online_stream.jsonl"
 
-  model = load("smollm2-135m")
-  STREAM.parent.mkdir(parents=True, exist_ok=True)
-  STREAM.write_text("".join(json.dumps(x) + "\n" for x in build_stream(args.phase_requests)))
-  items = read_stream(STREAM)
+  model = load(args.model)
+  stream.parent.mkdir(parents=True, exist_ok=True)
+  stream.write_text("".join(json.dumps(x) + "\n" for x in build_stream(args.phase_requests)))
+  items = read_prompts(stream)
   spec = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, prompt_bucket=128,
                     sampling=SamplingConfig(args.temperature))
   layers = tuple(int(x) for x in args.draft_layers.split(","))
@@ -195,11 +197,11 @@ def main():
                "tok/s", "x AR"],
               [[r["method"], r["phase"], r["acceptance"], r["end_acceptance"], r["tau"],
                 r["tokens_per_s"], r["speedup"]] for r in summary]))
-  RESULTS.write_text(json.dumps(dict(machine=machine(), args=vars(args), ar_tokens_per_s=ar,
+  results.write_text(json.dumps(dict(machine=machine(), args=vars(args), ar_tokens_per_s=ar,
                                      warm_heldout_acceptance=warm_acc,
                                      summary=summary, batches=rows), indent=1))
-  plot(rows, RESULTS.with_suffix(".png"))
-  print(f"\nwrote {RESULTS}, {RESULTS.with_suffix('.png')} and {STREAM}")
+  plot(rows, results.with_suffix(".png"))
+  print(f"\nwrote {results}, {results.with_suffix('.png')} and {stream}")
 
 
 if __name__ == "__main__":

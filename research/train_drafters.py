@@ -3,7 +3,7 @@
 Each drafter runs its experiment (configs/<name>_smollm2.py: the target's own answers plus
 stdlib code, VocabTrim 16384, AdamW with warmup and cosine decay), resuming whatever is already
 trained; reports held-out acceptance 1 - TV and top-1 agreement per draft depth, before and
-after, with the wall-clock training time; writes results/train_drafters.json, and with --ship a
+after, with the wall-clock training time; writes --results (runs/results/train_drafters.json), and with --ship a
 bfloat16 copy of each finished drafter to results/drafters/<name>-smollm2/ (what `speculax
 generate --drafter <kind> --heads results/drafters/<name>-smollm2` loads on a fresh clone).
 
@@ -21,13 +21,15 @@ import json
 import pathlib
 import time
 
+from speculax.bench.measure import machine
+from speculax.bench.report import table
 from speculax.cli.train import load_experiment
 from speculax.drafters import heads_io, registry, vocab_trim
 from speculax.models.load import load
-from speculax.research.common import machine, table
+from speculax.research.common import OUT
 from speculax.train.experiment import run
 
-RESULTS = pathlib.Path("results/train_drafters.json")
+RESULTS = OUT / "train_drafters.json"
 SHIPPED = pathlib.Path("results/drafters")
 DRAFTERS = ("eagle", "eagle_ttt", "eagle3", "hydra", "medusa", "distill")
 
@@ -71,7 +73,9 @@ def main():
   ap.add_argument("--tag", default="", help="suffix of the run folders (runs/<name>-<tag>)")
   ap.add_argument("--ship", action="store_true",
                   help=f"copy finished drafters to {SHIPPED}/<name>-smollm2 in bfloat16")
-  ap.add_argument("--results", default=str(RESULTS))
+  ap.add_argument("--results", default=str(RESULTS),
+                  help="JSON of the runs, extended run by run (results/train_drafters.json holds "
+                       "the README's)")
   args = ap.parse_args()
   names = args.drafters.split(",")
   if unknown := set(names) - set(DRAFTERS):

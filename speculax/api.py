@@ -54,14 +54,16 @@ def load(name_or_path: str, *, dtype: str = "float32", compute_dtype: str = "flo
 
 def generate(model: LoadedModel, prompts: Prompts, *, max_new_tokens: int = 128,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, chat: bool = True,
-             stop_at_eos: bool = True, seed: int = 0, mesh: MeshConfig | None = None
-             ) -> DecodeOutput:
+             stop_at_eos: bool = True, seed: int = 0, mesh: MeshConfig | None = None,
+             warmup: bool = True) -> DecodeOutput:
   """Autoregressive decoding of texts (wrapped in the chat template unless chat=False) or
-  token-id lists; `out.texts` holds the decoded new tokens. Temperature 0 is greedy."""
+  token-id lists; `out.texts` holds the decoded new tokens. Temperature 0 is greedy.
+  warmup: compile first and report it apart (`out.compile_s`), so the timings measure decoding
+  alone; with False one call compiles and decodes, and `summary()` says the timings include it."""
   ids = _token_ids(model, prompts, chat)
   gen = GenerateConfig(**_settings(model, max_new_tokens, temperature, top_k, top_p,
                                    stop_at_eos))
-  out = _generate(model.params, model.config, ids, gen, jax.random.key(seed), mesh, warmup=True)
+  out = _generate(model.params, model.config, ids, gen, jax.random.key(seed), mesh, warmup)
   return _with_texts(model, out)
 
 
@@ -69,10 +71,11 @@ def speculate(model: LoadedModel, prompts: Prompts,
               drafter: LoadedDrafter | Drafter | str, *, k: int = 5,
               max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
               top_p: float = 1.0, chat: bool = True, stop_at_eos: bool = True, seed: int = 0,
-              mesh: MeshConfig | None = None) -> DecodeOutput:
+              mesh: MeshConfig | None = None, warmup: bool = True) -> DecodeOutput:
   """Speculative decoding: the same output law as `generate`, with tau and acceptance by
   position. `drafter`: a LoadedDrafter (drafters.make / drafters.load / train_drafter), a
-  drafter without params, or a registry name built with its defaults ("prompt-lookup")."""
+  drafter without params, or a registry name built with its defaults ("prompt-lookup").
+  warmup: as for `generate`."""
   if isinstance(drafter, str):
     drafter = registry.make(drafter, model)
   elif isinstance(drafter, Drafter):
@@ -84,7 +87,7 @@ def speculate(model: LoadedModel, prompts: Prompts,
   spec = SpecConfig(k=k, **_settings(model, max_new_tokens, temperature, top_k, top_p,
                                      stop_at_eos))
   out = speculative_generate(model.params, model.config, ids, drafter.drafter, spec,
-                             drafter.params, jax.random.key(seed), mesh, warmup=True)
+                             drafter.params, jax.random.key(seed), mesh, warmup)
   return _with_texts(model, out)
 
 

@@ -1,6 +1,9 @@
+import json
+
 import pytest
 
 from speculax.cli.main import main
+from speculax.core import overrides
 
 
 def test_help_explains_every_flag(capsys):
@@ -63,6 +66,12 @@ MALFORMED = [
      "prompt-lookup"),
     (["generate", "--drafter", "prompt-lookup", "--tree", "full:2"],
      "prompt-lookup takes no option tree (it takes: max_ngram, min_ngram)"),
+    (["generate", "--drafter", "layer-skip", "--max-ngram", "2"],
+     "layer-skip takes no option max_ngram"),
+    (["generate", "--drafter", "prompt-lookup", "--stop-threshold", "0.5"],
+     "prompt-lookup takes no --stop-threshold"),
+    (["generate", "--prompt", "hi", "--prompts", "{stream}"], "--prompt or --prompts FILE, not both"),
+    (["generate", "--prompts", "no-such-file.jsonl"], "prompt file 'no-such-file.jsonl' does not"),
     # serve-bench
     (["serve-bench"], "the following arguments are required: prompts"),
     (["serve-bench", "no-such-file.jsonl"], "prompt file 'no-such-file.jsonl' does not exist"),
@@ -97,6 +106,16 @@ MALFORMED = [
     (["train", "--config", "{raises}"], "raises.py: ModuleNotFoundError: No module named"),
     (["train", "--config", "configs/distill_smollm2.py", "--steps", "0"],
      "argument --steps: must be an int >= 1, got 0"),
+    (["train", "--config", "hydra_smollm2", "--set", "data.rowz=3"],
+     "--set data.rowz=3: DataConfig has no field 'rowz' (it has: corpus, files"),
+    (["train", "--config", "hydra_smollm2", "--set", "data.rows=0"],
+     "DataConfig.rows must be an int >= 1, got 0"),
+    (["train", "--config", "hydra_smollm2", "--set", "data.rows.x=1"],
+     "int has no fields to set ('x' goes too deep)"),
+    # bench
+    (["bench", "--config", "no-such-set"], "bench config 'no-such-set' does not exist"),
+    (["bench", "--set", "prompts=0"], "BenchConfig.prompts must be an int >= 1, got 0"),
+    (["bench", "--set", "suites=('nope',)"], "unknown prompt suite 'nope'"),
 ]
 
 
@@ -143,6 +162,28 @@ def test_train_overrides_either_trainers_budget(config):
   new = overridden(exp, steps=7, out_dir="elsewhere")
   assert new.distill.optim.total_steps == 7 and new.folder.parent.name == "elsewhere"
   assert type(new.distill) is type(exp.distill)
+  new = overrides.apply(new, ["distill.optim.learning_rate=1", "data.temperatures=0,0.5",
+                              "data.prompts=None", "name=other"])
+  assert new.distill.optim.learning_rate == 1.0 and new.data.temperatures == (0.0, 0.5)
+  assert new.data.prompts is None and new.name == "other" and new.distill.optim.total_steps == 7
+
+
+@pytest.mark.slow
+def test_generate_json_from_a_prompts_file_is_lossless(capsys, tmp_path):
+  """--prompts FILE, prompt lookup's n-gram flags and --json: the JSON's tokens are AR's."""
+  prompts = tmp_path / "p.jsonl"
+  prompts.write_text('{"prompt": "Count from 1 to 5."}\n{"prompt": "def f(x):", "chat": false}\n')
+  outs = []
+  for flags in (["--drafter", "none"], ["--drafter", "prompt-lookup", "--max-ngram", "2"]):
+    assert main(["generate", "--prompts", str(prompts), "--max-new-tokens", "8", "--json",
+                 *flags]) == 0
+    captured = capsys.readouterr()
+    outs.append(json.loads(captured.out))
+    assert "max_ngram=" in captured.err  # the settings line, defaults included
+  ar, lookup = outs
+  assert ar["prompts"] == ["Count from 1 to 5.", "def f(x):"] and len(ar["texts"]) == 2
+  assert lookup["tokens"] == ar["tokens"] and lookup["tau"] >= 1.0 == ar["tau"]
+  assert len(lookup["acceptance"]) == 5 and lookup["new_tokens"] == 16
 
 
 @pytest.mark.slow
@@ -156,5 +197,8 @@ def test_serve_bench_online_prints_the_curve_and_resumes(capsys, tmp_path):
   out = capsys.readouterr()
   assert out.out.count("acceptance") >= 3 and "round 2: loss" in out.out
   assert "2 update rounds, 0 rolled back" in out.out
-  assert main([*argv, "--limit", "2"]) == 0  # a restarted server picks up its drafter
-  assert "resumed from" in capsys.readouterr().err
+  assert main([*argv, "--limit", "2", "--json"]) == 0  # a restarted server picks up its drafter
+  out = capsys.readouterr()
+  assert "resumed from" in out.err
+  report = json.loads(out.out)  # the batch lines went to stderr
+  assert report["prompts"] == 2 and len(report["rows"]) == report["batches"] == 1

@@ -1,0 +1,111 @@
+"""What a benchmark runs: methods (drafters with their options) x prompt suites x batch sizes x
+temperatures, on one target. A method set is a Python file defining BENCH = BenchConfig(...)
+(configs/bench/*.py), so a paper table is one command:
+
+    speculax bench --config configs/bench/drafters.py --out runs/bench
+
+    BENCH = BenchConfig(methods=(
+        method("prompt lookup", "prompt-lookup", k=4, max_ngram=4),
+        method("eagle k=2", "eagle", k=2, heads="results/drafters/eagle-ttt-smollm2"),
+        method("eagle + SpecDec++", "eagle", k=6, heads=..., set={"stop_threshold": 0.5}),
+    ), suites=("humaneval", "chat"), batch_sizes=(1, 8), temperatures=(0.0, 1.0))
+
+Autoregressive decoding runs in every panel (suite x batch x temperature), first and last, and
+each method's speedup divides by the faster of the two: the machine's speed drifts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import pathlib
+from typing import Any
+
+from speculax.bench import suites
+from speculax.core import config_files
+from speculax.core.fields import Checked, field
+from speculax.drafters import registry
+from speculax.models.config import PRECISIONS, AttentionImpl
+
+
+@dataclasses.dataclass(frozen=True)
+class Method(Checked):
+  """One row of every panel: a drafter kind with its options, or autoregressive decoding."""
+  name: str
+  drafter: str | None = None  # a kind of drafters.registry.KINDS; None: autoregressive decoding
+  k: int = field(5, ge=1)  # draft tokens per verify step (the chain length; a tree's depth cap)
+  # registry.make options (heads=FOLDER, skip=(...), tree="full:3,2,1", max_ngram=4, vocab_trim=N,
+  # exit_threshold=P, draft=MODEL, ...); layer skip with no skip set searches one for k on the
+  # first 4 HumanEval prompts (which no suite here uses).
+  options: dict[str, Any] = dataclasses.field(default_factory=dict)
+  # Drafter fields replaced after it is built: what no option sets (stop_threshold=P for EAGLE's
+  # SpecDec++ head, vocab_trim=0 for a drafter trained with VocabTrim on the full vocabulary).
+  fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+  # Each batch starts from the drafter state the previous one ended with (Token Recycling's
+  # adjacency matrix carried from prompt to prompt, as its paper serves).
+  hot: bool = False
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.drafter is None:
+      if self.options or self.fields:
+        raise ValueError(f"method {self.name!r}: autoregressive decoding (drafter None) takes no "
+                         f"options, got {sorted({**self.options, **self.fields})}")
+    else:
+      registry.get(self.drafter)  # an unknown kind fails here, naming the kinds
+
+
+def method(name: str, drafter: str | None = None, *, k: int = 5, set: dict | None = None,
+           hot: bool = False, **options) -> Method:
+  """Method(name, drafter, k, options, fields=set, hot): options as keywords."""
+  return Method(name, drafter, k, options, dict(set or {}), hot)
+
+
+AUTOREGRESSIVE = Method("autoregressive")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig(Checked):
+  methods: tuple[Method, ...]  # autoregressive is added to every panel, first and last
+  target: str = "smollm2-135m"  # a model preset, .gguf file or Hugging Face folder
+  precision: str = "float32"  # a name of models.config.PRECISIONS
+  attention: AttentionImpl = "xla"
+  suites: tuple[str, ...] = ("humaneval",)  # bench/suites.py names, or prompt files
+  prompts: int = field(3, ge=1)  # per suite, decoded one at a time at batch 1
+  batch_sizes: tuple[int, ...] = field((1,), ge=1)  # batch b > 1 decodes b prompts at once
+  temperatures: tuple[float, ...] = field((0.0,), ge=0)  # 0: greedy (greedy equality counted)
+  new_tokens: int = field(48, ge=1)  # exactly this many per prompt (EOS off: speeds compare)
+  # At batch 1, split a step's time into the verify forward (timed alone for that many tokens)
+  # and the rest (drafting, the loop's own work), in one-token forwards.
+  step_split: bool = True
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.precision not in PRECISIONS:
+      raise ValueError(f"BenchConfig.precision must be one of {', '.join(PRECISIONS)}, got "
+                       f"{self.precision!r}")
+    names = [m.name for m in self.methods]
+    if AUTOREGRESSIVE.name in names or len(set(names)) != len(names):
+      raise ValueError(f"BenchConfig.methods must have distinct names, none "
+                       f"{AUTOREGRESSIVE.name!r} (it runs in every panel): got {names}")
+    if not self.suites or not self.batch_sizes or not self.temperatures:
+      raise ValueError("BenchConfig needs at least one suite, batch size and temperature")
+    for name in self.suites:
+      suites.check_name(name)
+
+
+def sampling_name(temperature: float) -> str:
+  return "greedy" if temperature == 0 else f"t={temperature:g}"
+
+
+def configs_folder() -> pathlib.Path:
+  """The method sets shipped with speculax (speculax/configs/bench)."""
+  return pathlib.Path(importlib.util.find_spec("speculax.configs").origin).parent / "bench"
+
+
+def shipped() -> list[str]:
+  return config_files.shipped(configs_folder(), "BENCH")
+
+
+def load_config(path: str) -> BenchConfig:
+  """The BenchConfig a file (or a shipped set, by name) defines as BENCH."""
+  return config_files.load(path, "BENCH", BenchConfig, configs_folder(), "bench config")

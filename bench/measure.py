@@ -1,0 +1,82 @@
+"""How a benchmark measures: the machine, a lone forward's time, one method over a prompt set."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculax.decode.config import SpecConfig
+from speculax.decode.generate import generate
+from speculax.decode.speculative import speculative_generate
+from speculax.models import llama
+from speculax.models.kvcache import KVCache
+
+
+def machine() -> str:
+  dev = jax.devices()[0]
+  return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"jax {jax.__version__} on {dev.platform} ({dev.device_kind})")
+
+
+def forward_seconds(model, t: int, repeats: int = 20) -> float:
+  """Median time of a jitted t-token forward against a cache holding 256 of 512 slots: the
+  verify forward of t - 1 drafts (t = 1: a one-token step), alone, outside any decode loop."""
+  cfg, params = model.config, llama.unstack_layers(model.params)
+  cache = KVCache.init(cfg, 1, 512, per_layer=True).with_lengths(jnp.full((1,), 256))
+  tokens = jnp.ones((1, t), jnp.int32)
+  positions = 256 + jnp.arange(t, dtype=jnp.int32)[None]
+  llama.forward_jit(params, cfg, tokens, positions, cache)[0].block_until_ready()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    llama.forward_jit(params, cfg, tokens, positions, cache)[0].block_until_ready()
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
+
+
+@dataclasses.dataclass
+class Run:
+  """Totals of one method over a prompt set."""
+  tokens_per_s: float
+  tau: float  # tokens per sequence per verify step
+  acceptance: list[float]  # share of verify steps whose draft i was kept, by position
+  drafts_per_step: float  # draft tokens the target checked per step (per sequence)
+  compile_s: float
+  steps: int  # verify steps (loop iterations; prefill not counted)
+  decode_s: float  # wall time of the decode loops (prefill apart)
+  tokens: list[list[int]]  # new tokens per prompt, in order
+
+
+def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int = 1,
+                hot: bool = False) -> Run:
+  """One method over the prompts decoded `batch` at a time (drafter None = autoregressive).
+  Every batch compiles apart first (warmup; a no-op when its shapes were compiled already):
+  batches in another prompt-length bucket recompile.
+
+  hot: each batch starts from the drafter state the previous one ended with (as params).
+  """
+  wall = n_tokens = row_steps = step_tokens = compile_s = accepted = drafted = steps = decode = 0
+  tokens = []
+  for i in range(0, len(prompts) - batch + 1, batch):
+    key, chunk = jax.random.key(i), prompts[i:i + batch]
+    if drafter is None:
+      out = generate(model.params, model.config, chunk, spec, key, warmup=True)
+    else:
+      out = speculative_generate(model.params, model.config, chunk, drafter, spec,
+                                 drafter_params=dparams, key=key, warmup=True)
+      if hot:
+        dparams = out.drafter_state
+      row_steps, step_tokens = row_steps + out.row_steps, step_tokens + out.step_tokens
+      accepted, drafted = accepted + out.accepted_at, drafted + out.drafted
+    wall, n_tokens, compile_s = wall + out.wall_s, n_tokens + out.new_tokens, compile_s + out.compile_s
+    steps, decode = steps + out.forwards - 1, decode + out.decode_s
+    tokens += out.tokens
+  tau = step_tokens / row_steps if row_steps else 1.0
+  acceptance = (np.asarray(accepted) / max(row_steps, 1)).tolist() if row_steps else []
+  return Run(n_tokens / wall, tau, acceptance, drafted / max(row_steps, 1), compile_s, steps,
+             decode, tokens)

@@ -1,0 +1,68 @@
+"""How a benchmark reports: Markdown tables and the tau/speedup plot."""
+from __future__ import annotations
+
+
+def table(header: list[str], rows: list[list]) -> str:
+  """A Markdown table; floats get 3 significant-ish digits."""
+  fmt = lambda x: f"{x:.3g}" if isinstance(x, float) and abs(x) < 100 else (
+      f"{x:.0f}" if isinstance(x, float) else str(x))
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(fmt(x) for x in r) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+def plot_tau_speedup(rows, path, title: str, panels=("greedy", "t=1"), key="sampling"):
+  """Speedup against tau, one panel per value of row[key], a labelled dot per method."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  cols = min(len(panels), 2)  # two panels a row: four side by side leave the labels unreadable
+  n_rows = -(-len(panels) // cols)
+  fig, axes = plt.subplots(n_rows, cols, figsize=(7 * cols, 5 * n_rows), sharey=True,
+                           squeeze=False)
+  for ax in axes.flat[len(panels):]:
+    ax.set_visible(False)
+  for ax, panel in zip(axes.flat, panels):
+    for r in (r for r in rows
+              if r[key] == panel and not r["method"].startswith("autoregressive")):
+      ax.scatter(r["tau"], r["speedup"])
+      ax.annotate(r["method"], (r["tau"], r["speedup"]), fontsize=7)
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set(title=f"{title}, {panel}", xlabel="tau (tokens per target forward)",
+           ylabel="speedup over autoregressive")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def markdown(result: dict) -> str:
+  """The result of bench.run as a Markdown table, headed by what produced it."""
+  acc = lambda a: " ".join(f"{x:.2f}" for x in a[:6]) or "-"
+  split = lambda r: (f"{r['draft_cost']:.2f} + {r['verify_cost']:.2f}" if "step_cost" in r
+                     else "-")
+  same = lambda r: "-" if r["same_as_ar"] is None else f"{r['same_as_ar']}/{r['sequences']}"
+  head = (f"`{result['command'] or result['name']}` on {result['machine']}, {result['date']}: "
+          f"{result['target']} ({result['precision']}), {result['new_tokens']} new tokens per "
+          "prompt (EOS off), compile time apart.")
+  rows = [[r["suite"], r["batch"], r["sampling"], r["method"], r["tau"], acc(r["acceptance"]),
+           r["drafts_per_step"], r["tokens_per_s"], r["speedup"], r["speedup_per_tau"], same(r),
+           split(r), r["compile_s"], r["drafter_mb"]] for r in result["rows"]]
+  return head + "\n\n" + table(
+      ["suite", "batch", "sampling", "method", "tau", "acceptance by position", "drafts/step",
+       "tok/s", "x AR", "speedup/tau", "same as AR", "step = rest + verify (fwd)", "compile s",
+       "drafter MB"], rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+  """python -m speculax.bench.report FILE.json: the Markdown table of a saved result (README
+  tables are pasted from this)."""
+  import argparse
+  import json
+  import pathlib
+  ap = argparse.ArgumentParser(description=main.__doc__)
+  ap.add_argument("result", type=pathlib.Path)
+  print(markdown(json.loads(ap.parse_args(argv).result.read_text(encoding="utf-8"))))
+
+
+if __name__ == "__main__":
+  main()

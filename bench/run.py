@@ -1,0 +1,144 @@
+"""Runs a BenchConfig: every method in every panel (suite x batch x temperature) against
+autoregressive decoding in the same process, on the same prompts, compile time apart.
+
+One row per method and panel: tau, acceptance by position, draft tokens checked per step,
+tokens/s, speedup over AR, speedup/tau, greedy rows identical to AR's, compile seconds, the
+drafter's own params (MB), the device's peak memory where the backend reports it, and at batch 1
+where a step's time goes, in one-token target forwards timed alone: the verify forward (timed
+alone for that many tokens) and the rest (drafting and the loop's own work).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+import sys
+from typing import Callable
+
+import jax
+import tqdm.auto as tqdm
+
+from speculax.bench import suites
+from speculax.bench.config import AUTOREGRESSIVE, BenchConfig, sampling_name
+from speculax.bench.measure import forward_seconds, machine, run_prompts
+from speculax.bench.methods import build_drafter, params_mb
+from speculax.core.sampling import SamplingConfig
+from speculax.decode.config import SpecConfig
+from speculax.models import load as load_lib
+
+
+def loader(cfg: BenchConfig) -> Callable:
+  """name -> LoadedModel in the config's precision and attention (targets and draft models)."""
+  def load(name):
+    model = load_lib.load(name, attention_impl=cfg.attention)
+    return load_lib.with_precision(model, cfg.precision)
+  return load
+
+
+def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Path | None = None,
+        command: str = "", echo=print) -> dict:
+  """The result dict (machine, date, config, lone-forward seconds, rows), written after every
+  panel to <out>/<name>.json (with .md and .png at the end) when `out` is given. model: the
+  loaded target (default: cfg.target loaded)."""
+  load = loader(cfg)
+  model = load(cfg.target) if model is None else model
+  want = max(cfg.prompts, *cfg.batch_sizes)
+  prompt_sets = {s: suites.encode(model.tokenizer, suites.suite(s, want)) for s in cfg.suites}
+  built = {m.name: (None, None) if m.drafter is None else
+           build_drafter(m.drafter, model, load, m.options, m.k, m.fields) for m in cfg.methods}
+  result = dict(name=name, command=command, machine=machine(),
+                date=datetime.date.today().isoformat(), target=cfg.target,
+                precision=cfg.precision, new_tokens=cfg.new_tokens, forward_s={}, rows=[])
+  forwards = result["forward_s"]  # tokens -> seconds of a lone forward (the step split)
+  order = [AUTOREGRESSIVE, *cfg.methods, AUTOREGRESSIVE]  # AR first and last: machine drift
+  panels = [(s, b, t) for s in cfg.suites for b in cfg.batch_sizes for t in cfg.temperatures]
+  bar = tqdm.tqdm(total=len(panels) * len(order), desc=f"bench {name}", disable=None,
+                  file=sys.stderr)
+  for suite, batch, temperature in panels:
+    ids = prompt_sets[suite]
+    chunk = ids[:cfg.prompts] if batch == 1 else ids[:batch]
+    panel, reference = [], None
+    for i, m in enumerate(order):
+      drafter, dparams = built.get(m.name, (None, None))
+      spec = SpecConfig(k=m.k, max_new_tokens=cfg.new_tokens,
+                        sampling=SamplingConfig(temperature=temperature))
+      bar.set_postfix_str(f"{suite} b{batch} {sampling_name(temperature)}: {m.name}")
+      r = run_prompts(model, chunk, drafter, dparams, spec, batch, hot=m.hot)
+      reference = reference or r.tokens
+      row = dict(method=m.name if i < len(order) - 1 else f"{m.name}, again",
+                 drafter=m.drafter, k=m.k, suite=suite, batch=batch,
+                 sampling=sampling_name(temperature), tau=r.tau, acceptance=r.acceptance,
+                 drafts_per_step=r.drafts_per_step, tokens_per_s=r.tokens_per_s,
+                 compile_s=r.compile_s, drafter_mb=params_mb(dparams),
+                 peak_memory_mb=_peak_memory_mb(), sequences=len(r.tokens),
+                 same_as_ar=(sum(a == b for a, b in zip(r.tokens, reference))
+                             if temperature == 0 else None))
+      if batch == 1 and cfg.step_split:
+        row |= _step_split(model, forwards, r, _checked(drafter, m.k))
+      panel.append(row)
+      bar.update()
+      jax.clear_caches()  # each row compiles its own loops (memory-map limit on long runs)
+    base = max(r["tokens_per_s"] for r in panel if r["drafter"] is None)
+    for row in panel:
+      row |= dict(speedup=row["tokens_per_s"] / base,
+                  speedup_per_tau=row["tokens_per_s"] / base / row["tau"])
+      if echo is not None and row["drafter"] is not None:
+        echo(f"{suite} b{batch} {row['sampling']} {row['method']}: tau {row['tau']:.2f}, "
+             f"{row['tokens_per_s']:.1f} tok/s, x{row['speedup']:.2f} AR"
+             + (f", same as AR {row['same_as_ar']}/{row['sequences']}"
+                if row["same_as_ar"] is not None else ""))
+    result["rows"] += panel
+    if out is not None:
+      _write_json(result, out)
+  bar.close()
+  if out is not None:
+    write(result, out)
+  return result
+
+
+def write(result: dict, out: str | pathlib.Path) -> dict[str, pathlib.Path]:
+  """<out>/<name>.json, .md (report.markdown) and .png (tau against speedup, a panel each)."""
+  from speculax.bench import report
+  path = _write_json(result, out)
+  md = path.with_suffix(".md")
+  md.write_text(report.markdown(result) + "\n", encoding="utf-8")
+  png = path.with_suffix(".png")
+  panels = tuple(dict.fromkeys(_panel(r) for r in result["rows"]))
+  report.plot_tau_speedup([r | {"panel": _panel(r)} for r in result["rows"]], png,
+                          result["target"], panels=panels, key="panel")
+  return {"json": path, "md": md, "png": png}
+
+
+def _write_json(result: dict, out) -> pathlib.Path:
+  path = pathlib.Path(out) / f"{result['name']}.json"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+  return path
+
+
+def _panel(row: dict) -> str:
+  return f"{row['suite']}, batch {row['batch']}, {row['sampling']}"
+
+
+def _checked(drafter, k: int) -> int:
+  """Tokens one verify forward scores per sequence: the drafts and the pending token."""
+  if drafter is None:
+    return 1
+  tree = getattr(drafter, "tree", None)
+  return (tree.n_nodes if tree is not None else k) + 1
+
+
+def _step_split(model, forwards: dict, r, n: int) -> dict:
+  """A step's time in one-token forwards timed alone: the whole step, its verify forward (n
+  tokens) and the rest (AR's rest: its loop's own share, below 0 when the loop runs a step
+  faster than a lone jitted call)."""
+  for t in {1, n} - forwards.keys():
+    forwards[t] = forward_seconds(model, t)
+  step = r.decode_s / max(r.steps, 1) / forwards[1]
+  verify = forwards[n] / forwards[1]
+  return dict(step_cost=step, verify_cost=verify, draft_cost=step - verify)
+
+
+def _peak_memory_mb() -> float | None:
+  stats = jax.devices()[0].memory_stats()  # None on CPU
+  return None if not stats else stats.get("peak_bytes_in_use", 0) / 1e6

@@ -1,0 +1,54 @@
+"""Every drafter of the framework on SmolLM2-135M (issue 18's table): prompt lookup, layer skip
+(the searched set, with Kangaroo early exit, with VocabTrim) and each trained drafter shipped in
+results/drafters (chain at several k, on the full vocabulary, and drafting a tree), on held-out
+HumanEval and chat prompts, greedy and t=1, batch 1 and 8.
+
+  speculax bench --config drafters --out runs/bench   (~1 h on 2 CPU cores; --set to shrink)
+"""
+import pathlib
+
+from speculax.bench.config import BenchConfig, method
+from speculax.core.trees import DynamicTree, StaticTree
+
+DRAFTERS = pathlib.Path("results/drafters")
+VOCAB_ORDER = DRAFTERS / "smollm2-135m-vocab-order.npy"  # the recipe corpus's token frequencies
+VOCAB = 49152
+# The tree each kind drafts in its tree row: EAGLE-2's dynamic tree for drafters that score a
+# path as they grow it, Medusa's sparse static tree for the heads. Small trees: on this CPU a
+# verify forward of 16 tokens costs ~2.6 one-token steps, of 8 ~2.
+TREES = {"draft-model": DynamicTree(3, 3, 3), "eagle": DynamicTree(3, 3, 3),
+         "medusa": StaticTree.full((3, 2, 1)), "hydra": StaticTree.full((3, 2, 1))}
+# Trained drafters by row label: (registry kind, run folder name, chain lengths).
+TRAINED = {"draft-model": ("draft-model", "distill-smollm2-fkl", (4,)),
+           "medusa": ("medusa", "medusa-smollm2", (4,)),
+           "hydra": ("hydra", "hydra-smollm2", (4,)),
+           "eagle": ("eagle", "eagle-smollm2", (1, 2, 4)),
+           "eagle-ttt": ("eagle", "eagle-ttt-smollm2", (1, 2, 4)),
+           "eagle3": ("eagle", "eagle3-smollm2", (1, 2, 4))}
+
+
+def methods(drafters=DRAFTERS, skip_k: int = 5, exit_threshold: float = 0.5,
+            trim: int = 16384) -> tuple:
+  """The rows: train-free first, then each trained drafter found under `drafters`."""
+  rows = [method("prompt lookup", "prompt-lookup", k=4),
+          method("layer skip", "layer-skip", k=skip_k),
+          method(f"layer skip + exit {exit_threshold}", "layer-skip", k=skip_k,
+                 exit_threshold=exit_threshold)]
+  if VOCAB_ORDER.is_file():
+    rows.append(method(f"layer skip + VocabTrim {trim}", "layer-skip", k=skip_k, vocab_trim=trim,
+                       vocab_ids=str(VOCAB_ORDER)))
+  for label, (kind, folder, ks) in TRAINED.items():
+    path = pathlib.Path(drafters) / folder
+    if not path.is_dir():  # not trained or not shipped: research/train_drafters.py --ship
+      continue
+    heads = {"draft": str(path)} if kind == "draft-model" else {"heads": str(path)}
+    rows += [method(f"{label} k={k}", kind, k=k, **heads) for k in ks]
+    rows.append(method(f"{label} k={ks[0]}, full vocabulary", kind, k=ks[0], **heads,
+                       set={"vocab_trim": VOCAB}))
+    rows.append(method(f"{label} tree ({TREES[kind].n_nodes} nodes)", kind, k=4, **heads,
+                       tree=TREES[kind]))
+  return tuple(rows)
+
+
+BENCH = BenchConfig(methods=methods(), suites=("humaneval", "chat"), prompts=3,
+                    batch_sizes=(1, 8), temperatures=(0.0, 1.0), new_tokens=48)

@@ -1,0 +1,121 @@
+"""`speculax bench` (bench/): a method matrix on a prompts file against autoregressive decoding,
+on the tiny target: every greedy row identical to AR, the speedups relative to the faster AR run,
+the files it writes, and bad configs refused naming the value."""
+import dataclasses
+import json
+
+import pytest
+
+from speculax.bench import report, suites
+from speculax.bench.config import BenchConfig, Method, load_config, method, shipped
+from speculax.bench.run import run
+from speculax.cli.main import main
+from speculax.core import overrides
+from speculax.models.load import LoadedModel
+
+
+class Bytes:
+  """UTF-8 bytes as token ids: real text for the tiny target's 256-token vocabulary."""
+  eos_ids = ()
+
+  def encode(self, text):
+    return list(text.encode())
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+  texts = ["def add(a, b): return a + b\ndef add(", "the cat sat on the mat, the cat", "abcabcabc"]
+  path.write_text("\n".join(json.dumps({"prompt": t, "chat": False}) for t in texts))
+  return path
+
+
+CFG = BenchConfig(
+    methods=(method("prompt lookup", "prompt-lookup", k=3, max_ngram=2),
+             method("layer skip + exit", "layer-skip", k=3, skip=(1,), exit_threshold=0.3),
+             method("draft model tree", "draft-model", k=2, draft_layers=1, tree="full:2,1")),
+    target="tiny", suites=("chat",), prompts=1, batch_sizes=(1, 2), temperatures=(0.0,), new_tokens=6)
+
+
+def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_path):
+  cfg = dataclasses.replace(CFG, suites=(str(prompts_file),))
+  result = run(cfg, "t", model=LoadedModel(*tiny, Bytes()), out=tmp_path, echo=None)
+  rows = result["rows"]
+  names = ["autoregressive", *(m.name for m in cfg.methods), "autoregressive, again"]
+  assert [r["method"] for r in rows] == names * 2  # two panels: batch 1 and batch 2
+  assert [r["batch"] for r in rows] == [1] * 5 + [2] * 5
+  for r in rows:
+    assert r["same_as_ar"] == r["sequences"] == r["batch"], r
+    assert r["tau"] >= 1 and r["tokens_per_s"] > 0 and r["compile_s"] > 0
+  for panel in (rows[:5], rows[5:]):
+    ar = [r["speedup"] for r in panel if r["drafter"] is None]
+    assert max(ar) == pytest.approx(1.0) and min(ar) <= 1.0  # x AR: over the faster AR run
+  lookup, skip, tree = rows[1:4]
+  assert len(lookup["acceptance"]) == 3 and skip["drafts_per_step"] <= 3
+  assert tree["drafts_per_step"] == 4  # the tree's 2 + 2 nodes, checked every step
+  assert "step_cost" in lookup and "step_cost" not in rows[6]  # the split: batch 1 only
+  assert lookup["verify_cost"] > 0 and rows[0]["verify_cost"] == 1.0
+  assert tree["drafter_mb"] > 0 and lookup["drafter_mb"] == 0.0
+  saved = json.loads((tmp_path / "t.json").read_text())
+  assert saved["rows"] == json.loads(json.dumps(rows))
+  md = (tmp_path / "t.md").read_text()
+  assert md == report.markdown(saved) + "\n" and "| draft model tree |" in md
+  assert (tmp_path / "t.png").stat().st_size > 5000
+
+
+def test_shipped_sets_load_and_overrides_apply():
+  assert {"quick", "drafters"} <= set(shipped())
+  cfg = overrides.apply(load_config("quick"), ["prompts=5", "batch_sizes=1,8",
+                                               "temperatures=(0, 1)", "new_tokens=16"])
+  assert (cfg.prompts, cfg.batch_sizes, cfg.temperatures, cfg.new_tokens) == (5, (1, 8),
+                                                                              (0.0, 1.0), 16)
+  with pytest.raises(ValueError, match="BenchConfig has no field 'prompt'.*prompts"):
+    overrides.apply(cfg, ["prompt=2"])
+  with pytest.raises(ValueError, match="BenchConfig.prompts must be an int >= 1, got 0"):
+    overrides.apply(cfg, ["prompts=0"])
+  with pytest.raises(ValueError, match="FIELD.PATH=VALUE, got 'prompts'"):
+    overrides.apply(cfg, ["prompts"])
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: Method("m", "no-such-drafter"), "unknown drafter 'no-such-drafter'"),
+    (lambda: Method("m", None, options={"k": 2}), "autoregressive decoding .* takes no options"),
+    (lambda: dataclasses.replace(CFG, methods=(method("a", "prompt-lookup"),) * 2),
+     "distinct names"),
+    (lambda: dataclasses.replace(CFG, methods=(method("autoregressive", "prompt-lookup"),)),
+     "none 'autoregressive'"),
+    (lambda: dataclasses.replace(CFG, precision="fp8"), "precision must be one of .* got 'fp8'"),
+    (lambda: suites.suite("no-such-suite", 2), "unknown prompt suite 'no-such-suite'"),
+    (lambda: dataclasses.replace(CFG, suites=("chat", "nope")), "unknown prompt suite 'nope'"),
+])
+def test_bad_configs_are_refused(build, message):
+  with pytest.raises(ValueError, match=message):
+    build()
+
+
+def test_bad_method_options_fail_before_any_decoding(tiny, prompts_file):
+  model = LoadedModel(*tiny, Bytes())
+  for m, message in [(method("x", "prompt-lookup", skip=(1,)), "prompt-lookup takes no option skip"),
+                     (method("x", "layer-skip", skip=(1,), set={"stop_threshold": 0.5}),
+                      "layer-skip has no field stop_threshold")]:
+    cfg = dataclasses.replace(CFG, methods=(m,), suites=(str(prompts_file),))
+    with pytest.raises(ValueError, match=message):
+      run(cfg, model=model, echo=None)
+
+
+def test_cli_refuses_a_missing_config(capsys):
+  assert main(["bench", "--config", "no-such-set"]) == 2
+  assert "bench config 'no-such-set' does not exist (shipped ones: " in capsys.readouterr().err
+
+
+def test_named_suites_are_held_out_prompts():
+  from speculax.models.assets import humaneval_prompts
+  from speculax.train import prompts
+  assert [x["prompt"] for x in suites.suite("humaneval", 2)] == humaneval_prompts(6)[4:]
+  chat = suites.suite("chat", 3)
+  assert all(x["chat"] for x in chat) and {x["prompt"] for x in chat} <= set(
+      prompts.chat_prompts("heldout")) and not {x["prompt"] for x in chat} & set(
+      prompts.chat_prompts("train"))
+  code = suites.suite("code", 2)
+  assert len(code) == 2 and not any(x["chat"] for x in code)
+  assert all(suites.CODE_CHARS // 2 < len(x["prompt"]) <= suites.CODE_CHARS + 1 for x in code)
