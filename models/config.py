@@ -64,6 +64,11 @@ class RopeScaling(Checked):
   original_max_position: int = field(8192, ge=1)
 
 
+# Architecture fields newer than the shipped drafter records (results/drafters), with the
+# default that those records mean.
+LATE_FIELDS: dict[str, object] = {"qkv_bias": False, "qk_norm": False}
+
+
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig(Checked):
   vocab_size: int = field(ge=1)
@@ -78,6 +83,8 @@ class LlamaConfig(Checked):
   norm_eps: float = field(1e-5, gt=0)
   tie_embeddings: bool = True
   max_seq_len: int = field(2048, ge=1)
+  qkv_bias: bool = False  # biases on the q, k, v projections, none on o (Qwen2)
+  qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3)
   runtime: Runtime = Runtime()
 
   def __post_init__(self):
@@ -92,9 +99,16 @@ class LlamaConfig(Checked):
     return dataclasses.replace(self, runtime=dataclasses.replace(self.runtime, **changes))
 
   def architecture(self) -> dict:
-    """Every field but the runtime, JSON-ready: what "the same target" compares."""
+    """Every field but the runtime, JSON-ready: what "the same target" compares.
+
+    Fields added after drafters were shipped (`LATE_FIELDS`) appear only when set, so the
+    targets those drafters recorded still compare equal; `from_architecture` fills them back.
+    """
     fields = dataclasses.asdict(self)
     del fields["runtime"]
+    for name, default in LATE_FIELDS.items():
+      if fields[name] == default:
+        del fields[name]
     if fields["rope_scaling"] is not None:
       fields["rope_scaling"] = dict(fields["rope_scaling"])
     return fields

@@ -61,7 +61,7 @@ def hf_tensors(params: dict, c: LlamaConfig) -> dict[str, np.ndarray]:
   host = jax.tree.map(lambda x: np.asarray(x, np.float32), params)  # bf16 widens exactly
   out = {"model.embed_tokens.weight": host["embed"]}  # [v, d]
   for i in range(c.n_layers):
-    for suffix, key in hf_loader.HF_LAYER_KEYS.items():
+    for suffix, key in hf_loader.hf_layer_keys(c).items():
       out[f"model.layers.{i}.{suffix}"] = hf_loader.torch_layout(key, host["layers"][key][i], c)
   out["model.norm.weight"] = host["final_norm"]  # [d]
   if not c.tie_embeddings:

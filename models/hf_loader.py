@@ -1,4 +1,5 @@
-"""Hugging Face Llama folders (config.json + safetensors, single file or sharded) -> Params.
+"""Hugging Face Llama / Qwen2 / Qwen3 folders (config.json + safetensors, single file or
+sharded) -> Params. Qwen2 is Llama plus q/k/v biases, Qwen3 Llama plus a q/k RMSNorm (HF_FAMILIES).
 
 Torch Linear weights are [out, in]; `layer_param` maps one such weight to our layout with a
 shape assert before every reshape. The GGUF loader dequantizes to the same torch layout and
@@ -13,6 +14,7 @@ Dims: L layers, d model, h heads, k kv heads, q head dim, f ffw, v vocab.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import pathlib
 from typing import Any, Iterator
 
@@ -35,6 +37,14 @@ HF_LAYER_KEYS: dict[str, str] = {
     "mlp.up_proj.weight": "up",
     "mlp.down_proj.weight": "down",
 }
+# Per-layer keys only some architectures have (LlamaConfig.qkv_bias, LlamaConfig.qk_norm).
+HF_BIAS_KEYS: dict[str, str] = {
+    "self_attn.q_proj.bias": "q_bias", "self_attn.k_proj.bias": "k_bias",
+    "self_attn.v_proj.bias": "v_bias",
+}
+HF_QK_NORM_KEYS: dict[str, str] = {
+    "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
+}
 # config.json key -> LlamaConfig field, read by `config_from_hf` and written by `config_to_hf`.
 HF_CONFIG_SIZES: dict[str, str] = {
     "vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
@@ -56,11 +66,43 @@ HF_ROPE_KEYS: dict[str, tuple[str, type]] = {
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent buffers some old saves contain
 
 
+@dataclasses.dataclass(frozen=True)
+class HfFamily:
+  """One supported config.json `model_type`: its model class, the transformers defaults that
+  differ from Llama's, the config values we require, and what it adds to a Llama layer."""
+  architecture: str  # the *ForCausalLM class `architectures` must list
+  defaults: dict  # config.json key -> transformers' default for this model type
+  required: dict  # config.json key -> the only value we run (when the key is present)
+  qkv_bias: bool = False
+  qk_norm: bool = False
+
+
+_QWEN_REQUIRED = {"hidden_act": "silu", "use_sliding_window": False}
+HF_FAMILIES: dict[str, HfFamily] = {
+    "llama": HfFamily("LlamaForCausalLM", {},
+                      {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False}),
+    # Qwen2's q/k/v always have biases (o has none); attention_bias is not a Qwen2 key.
+    "qwen2": HfFamily("Qwen2ForCausalLM", {"max_position_embeddings": 32768}, _QWEN_REQUIRED,
+                      qkv_bias=True),
+    # Qwen3's attention_bias would put a bias on o as well, which no checkpoint we know uses.
+    "qwen3": HfFamily("Qwen3ForCausalLM", {"max_position_embeddings": 32768, "head_dim": 128},
+                      {**_QWEN_REQUIRED, "attention_bias": False}, qk_norm=True),
+}
+
+
+def hf_layer_keys(c: LlamaConfig) -> dict[str, str]:
+  """HF per-layer key suffix -> our key, for the layers `c` describes."""
+  return {**HF_LAYER_KEYS, **(HF_BIAS_KEYS if c.qkv_bias else {}),
+          **(HF_QK_NORM_KEYS if c.qk_norm else {})}
+
+
 def torch_layout_shape(key: str, c: LlamaConfig) -> tuple[int, ...]:
   """Expected torch-layout shape ([out, in] for Linear) of one layer weight."""
   d, h, k, q, f = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff
   return {"attn_norm": (d,), "mlp_norm": (d,), "q": (h * q, d), "k": (k * q, d),
-          "v": (k * q, d), "o": (d, h * q), "gate": (f, d), "up": (f, d), "down": (d, f)}[key]
+          "v": (k * q, d), "o": (d, h * q), "gate": (f, d), "up": (f, d), "down": (d, f),
+          "q_bias": (h * q,), "k_bias": (k * q,), "v_bias": (k * q,), "q_norm": (q,),
+          "k_norm": (q,)}[key]
 
 
 def layer_param(key: str, w: np.ndarray, c: LlamaConfig) -> np.ndarray:
@@ -71,11 +113,15 @@ def layer_param(key: str, w: np.ndarray, c: LlamaConfig) -> np.ndarray:
     return w.T.reshape(d, h, q)  # [d, h, q]
   if key in ("k", "v"):
     return w.T.reshape(d, k, q)  # [d, k, q]
+  if key == "q_bias":
+    return w.reshape(h, q)  # [h, q]
+  if key in ("k_bias", "v_bias"):
+    return w.reshape(k, q)  # [k, q]
   if key == "o":
     return w.T.reshape(h, q, d)  # [h, q, d]
   if key in ("gate", "up", "down"):
     return w.T  # gate/up [d, f], down [f, d]
-  return w  # norms [d]
+  return w  # norms [d] or, q/k norms, [q]
 
 
 def torch_layout(key: str, w: np.ndarray, c: LlamaConfig) -> np.ndarray:
@@ -88,7 +134,9 @@ def torch_layout(key: str, w: np.ndarray, c: LlamaConfig) -> np.ndarray:
     return w.reshape(-1, c.d_model).T  # [d, h*q]
   if key in ("gate", "up", "down"):
     return w.T  # gate/up [f, d], down [d, f]
-  return w  # norms [d]
+  if key in HF_BIAS_KEYS.values():
+    return w.reshape(-1)  # [h*q or k*q]
+  return w  # norms [d] or, q/k norms, [q]
 
 
 def to_jax(params: dict, param_dtype: str) -> Params:
@@ -101,7 +149,8 @@ def to_jax(params: dict, param_dtype: str) -> Params:
 
 def load_hf_folder(folder: str | pathlib.Path, *, param_dtype: str = "float32"
                    ) -> tuple[LlamaConfig, Params]:
-  """Reads a LlamaForCausalLM folder saved by `save_pretrained` (safetensors only)."""
+  """Reads a Llama / Qwen2 / Qwen3 *ForCausalLM folder saved by `save_pretrained`
+  (safetensors only)."""
   folder = pathlib.Path(folder)
   if not folder.exists():
     raise FileNotFoundError(f"Hugging Face model folder not found: {folder}")
@@ -114,11 +163,22 @@ def load_hf_folder(folder: str | pathlib.Path, *, param_dtype: str = "float32"
   return config, to_jax(params, param_dtype)
 
 
+def hf_model_type(c: LlamaConfig) -> str:
+  """The config.json model_type whose layers are those of `c`."""
+  types = [t for t, f in HF_FAMILIES.items() if (f.qkv_bias, f.qk_norm) == (c.qkv_bias, c.qk_norm)]
+  if not types:
+    raise ValueError(f"no Hugging Face model type has qkv_bias={c.qkv_bias} and "
+                     f"qk_norm={c.qk_norm} together (known: {sorted(HF_FAMILIES)})")
+  return types[0]
+
+
 def config_to_hf(c: LlamaConfig, torch_dtype: str) -> dict:
-  """The transformers LlamaForCausalLM config.json dict that `config_from_hf` reads back to `c`."""
-  cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-         "attention_bias": False, "mlp_bias": False, "torch_dtype": torch_dtype,
-         "rope_theta": c.rope_theta}
+  """The transformers config.json dict (Llama, Qwen2 or Qwen3) that `config_from_hf` reads back
+  to `c`."""
+  model_type = hf_model_type(c)
+  family = HF_FAMILIES[model_type]
+  cfg = {"architectures": [family.architecture], "model_type": model_type, **family.required,
+         "torch_dtype": torch_dtype, "rope_theta": c.rope_theta}
   cfg |= {hf: getattr(c, ours) for hf, ours in HF_CONFIG_SIZES.items()}
   cfg |= {hf: getattr(c, ours) for hf, (ours, _, _) in HF_CONFIG_SCALARS.items()}
   cfg["rope_scaling"] = None if c.rope_scaling is None else {
@@ -129,19 +189,29 @@ def config_to_hf(c: LlamaConfig, torch_dtype: str) -> dict:
 
 def config_from_hf(cfg: dict, path: pathlib.Path, *, param_dtype: str = "float32"
                    ) -> LlamaConfig:
-  """LlamaConfig from a transformers config.json dict (v4 `rope_scaling` or v5 `rope_parameters`).
+  """LlamaConfig from a transformers config.json dict (v4 `rope_scaling` or v5 `rope_parameters`)
+  of a model_type in HF_FAMILIES.
 
-  Defaults are transformers' LlamaConfig defaults, so a terse config.json means what it means
-  to transformers (e.g. rms_norm_eps 1e-6, untied embeddings).
+  Defaults are transformers' defaults for that model type, so a terse config.json means what it
+  means to transformers (e.g. rms_norm_eps 1e-6, untied embeddings, Qwen3's head_dim 128).
   """
   model_type = cfg.get("model_type")
-  archs = cfg.get("architectures") or ["LlamaForCausalLM"]
-  if model_type != "llama" or "LlamaForCausalLM" not in archs:
-    raise ValueError(f"{path}: model_type={model_type!r}, architectures={archs}; only 'llama' "
-                     "with LlamaForCausalLM is supported")
-  for key, ok in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
+  if model_type not in HF_FAMILIES:
+    raise ValueError(f"{path}: model_type={model_type!r} is not supported; supported: "
+                     f"{sorted(HF_FAMILIES)}")
+  family = HF_FAMILIES[model_type]
+  archs = cfg.get("architectures") or [family.architecture]
+  if family.architecture not in archs:
+    raise ValueError(f"{path}: architectures={archs}; model_type {model_type!r} is supported "
+                     f"only as {family.architecture}")
+  for key, ok in family.required.items():
     if cfg.get(key, ok) != ok:
       raise ValueError(f"{path}: {key}={cfg[key]!r} is not supported (need {ok!r})")
+  windowed = [t for t in cfg.get("layer_types") or () if t != "full_attention"]
+  if windowed:
+    raise ValueError(f"{path}: layer_types lists {windowed[0]!r}; only 'full_attention' layers "
+                     "are supported")
+  cfg = {**family.defaults, **cfg}
   try:
     h, d = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
     optional = {"num_key_value_heads": h, "head_dim": d // max(h, 1)}  # transformers' defaults
@@ -160,7 +230,8 @@ def config_from_hf(cfg: dict, path: pathlib.Path, *, param_dtype: str = "float32
     return LlamaConfig(
         **sizes, **scalars,
         rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-        rope_scaling=_rope_scaling(scaling, path), runtime=Runtime(param_dtype=param_dtype))
+        rope_scaling=_rope_scaling(scaling, path), qkv_bias=family.qkv_bias,
+        qk_norm=family.qk_norm, runtime=Runtime(param_dtype=param_dtype))
   except (TypeError, ValueError) as e:  # LlamaConfig's own checks do not know the file
     if str(path) in str(e):
       raise
@@ -251,7 +322,8 @@ def _convert(source: _Source, c: LlamaConfig, folder: pathlib.Path) -> dict:
   """Explicit key map; missing and unexpected keys are named before any tensor is read."""
   names = {n for n in source.files if not n.endswith(_IGNORED_SUFFIXES)}
   expected = {"model.embed_tokens.weight", "model.norm.weight"}
-  expected |= {f"model.layers.{i}.{s}" for i in range(c.n_layers) for s in HF_LAYER_KEYS}
+  layer_keys = hf_layer_keys(c)
+  expected |= {f"model.layers.{i}.{s}" for i in range(c.n_layers) for s in layer_keys}
   if not c.tie_embeddings:
     expected.add("lm_head.weight")
   missing = sorted(expected - names)
@@ -270,7 +342,7 @@ def _convert(source: _Source, c: LlamaConfig, folder: pathlib.Path) -> dict:
 
   layers: dict[str, np.ndarray] = {}
   for i in range(c.n_layers):
-    for suffix, key in HF_LAYER_KEYS.items():
+    for suffix, key in layer_keys.items():
       w = layer_param(key, read(f"model.layers.{i}.{suffix}", torch_layout_shape(key, c)), c)
       if key not in layers:
         layers[key] = np.empty((c.n_layers, *w.shape), np.float32)

@@ -1,4 +1,5 @@
-"""Llama-family decoder (RoPE, GQA, RMSNorm, SwiGLU) as Flax Linen modules applied functionally.
+"""Llama-family decoder (RoPE, GQA, RMSNorm, SwiGLU) as Flax Linen modules applied functionally;
+the config adds Qwen2's q/k/v biases and Qwen3's q/k RMSNorm.
 
 Dims: b batch, t query time, s key time (cache slots), u new-block key time, d model, h heads,
 k kv heads, g heads per kv head, q head dim, f ffw, v vocab, l layers, n selected positions.
@@ -69,6 +70,15 @@ def _param(module: nn.Module, name: str, init, shape: tuple[int, ...], axes: tup
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
 
+def _project(y, w, bias, norm, eps: float) -> jax.Array:
+  """y [b, t, d] @ w [d, n, q] -> [b, t, n, q], plus a bias [n, q] (Qwen2) and an RMSNorm over
+  q (Qwen3's q/k norm, applied before RoPE) when the architecture has them."""
+  out = jnp.einsum("btd,dnq->btnq", y, w)
+  if bias is not None:
+    out = out + bias.astype(out.dtype)
+  return out if norm is None else rms_norm(out, norm, eps)
+
+
 class Block(nn.Module):
   """One decoder layer; scanned over the stacked layer axis."""
   config: LlamaConfig
@@ -93,12 +103,22 @@ class Block(nn.Module):
     w_gate = _param(self, "gate", dense, (d, f), ("embed", "mlp"))
     w_up = _param(self, "up", dense, (d, f), ("embed", "mlp"))
     w_down = _param(self, "down", dense, (f, d), ("mlp", "embed"))
+    # Optional architecture params come last, so a model without them draws the same init.
+    bq = bk = bv = q_norm = k_norm = None
+    if c.qkv_bias:
+      zeros = nn.initializers.zeros
+      bq = _param(self, "q_bias", zeros, (h, dq), ("heads", "head_dim"))
+      bk = _param(self, "k_bias", zeros, (kh, dq), ("kv_heads", "head_dim"))
+      bv = _param(self, "v_bias", zeros, (kh, dq), ("kv_heads", "head_dim"))
+    if c.qk_norm:
+      q_norm = _param(self, "q_norm", ones, (dq,), ("head_dim",))
+      k_norm = _param(self, "k_norm", ones, (dq,), ("head_dim",))
 
     cos, sin, lengths, mask, block_mask = ctx
     y = rms_norm(x, attn_norm, c.norm_eps)
-    q = apply_rope(jnp.einsum("btd,dhq->bthq", y, wq), cos, sin)
-    k = apply_rope(jnp.einsum("btd,dkq->btkq", y, wk), cos, sin)
-    v = jnp.einsum("btd,dkq->btkq", y, wv)
+    q = apply_rope(_project(y, wq, bq, q_norm, c.norm_eps), cos, sin)  # [b, t, h, q]
+    k = apply_rope(_project(y, wk, bk, k_norm, c.norm_eps), cos, sin)  # [b, t, k, q]
+    v = _project(y, wv, bv, None, c.norm_eps)  # [b, t, k, q]
     if layer_kv is None:
       keys, values = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [b, k, t, q]
     else:  # write the block first, then attend over the whole cache with one [b, t, s] mask

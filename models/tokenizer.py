@@ -8,7 +8,9 @@ transformers along with it.
 
 GGUF: llama.cpp stores a byte-level BPE vocabulary under `tokenizer.ggml.*`. The pre-tokenizer is
 named, not described (`tokenizer.ggml.pre`), so each supported name maps to a `tokenizers`
-pipeline below; an unknown name is an error rather than a silent fallback to GPT-2's split.
+pipeline (models/gguf_pretokenizers.py); an unknown name is an error rather than a silent
+fallback to GPT-2's split. A Hugging Face folder's tokenizer.json describes its own pipeline and
+is used as it is.
 """
 from __future__ import annotations
 
@@ -17,14 +19,15 @@ import datetime
 import functools
 import json
 import pathlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import tokenizers
-from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, decoders, models, normalizers
 
 from speculax.core.jsonfile import read_json_object
+from speculax.models.gguf_pretokenizers import GGUF_PRE_TOKENIZERS
 
 # llama.cpp token types (gguf.TokenType); spelled out so reading a tokenizer needs no gguf import.
 _CONTROL = 3
@@ -33,32 +36,6 @@ _USER_DEFINED = 4
 # Tokens that close a chat turn. A chat model stops at these even when the checkpoint's single
 # eos id names another token, so they join `eos_ids` when the chat template writes them.
 _TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
-
-
-def _digits_then_gpt2_split() -> pre_tokenizers.PreTokenizer:
-  """llama.cpp's `smollm` family: every numeric char alone (`\\p{N}`), then GPT-2's regex split.
-
-  `Digits` uses Unicode's numeric categories (Nd, Nl, No), as `\\p{N}` does.
-  """
-  return pre_tokenizers.Sequence([
-      pre_tokenizers.Digits(individual_digits=True),
-      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-  ])
-
-
-def _gpt2_split() -> pre_tokenizers.PreTokenizer:
-  """llama.cpp's `gpt-2` pre-tokenizer: GPT-2's regex split alone."""
-  return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-
-
-# tokenizer.ggml.pre -> pre-tokenizer. Names grouped as llama.cpp's llama-vocab.cpp groups their
-# regexes; only groups that `tokenizers` reproduces exactly are listed.
-GGUF_PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
-    "smollm": _digits_then_gpt2_split,
-    "starcoder": _digits_then_gpt2_split,
-    "refact": _digits_then_gpt2_split,
-    "gpt-2": _gpt2_split,
-}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -105,8 +82,12 @@ class Tokenizer:
       raise ValueError(f"{path}: {len(token_types)} token types for {len(tokens)} tokens")
     vocab = _vocab_dict(tokens, path)
 
-    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    backend.pre_tokenizer = GGUF_PRE_TOKENIZERS[pre]()
+    pipeline = GGUF_PRE_TOKENIZERS[pre]
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False,
+                                              ignore_merges=pipeline.ignore_merges))
+    if pipeline.nfc:
+      backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pipeline.pre_tokenizer()
     backend.decoder = decoders.ByteLevel()
     _add_marked_tokens(backend, tokens, token_types)
     if backend.get_vocab_size(with_added_tokens=True) != len(tokens):
@@ -115,10 +96,12 @@ class Tokenizer:
     ids = {name: _checked_id(meta.get(f"tokenizer.ggml.{name}_token_id"), len(tokens), name, path)
            for name in ("bos", "eos", "padding")}
     template = meta.get("tokenizer.chat_template")
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")  # a stored False stays False
+    add_bos = pipeline.add_bos if add_bos is None else bool(add_bos)
     return cls(
         backend=backend, bos_id=ids["bos"], eos_id=ids["eos"],
         eos_ids=_eos_ids(backend, ids["eos"], (), template), pad_id=ids["padding"],
-        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token") or False),
+        add_bos=add_bos and ids["bos"] is not None,
         chat_template=template, source=str(path))
 
   @classmethod

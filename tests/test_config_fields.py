@@ -112,6 +112,7 @@ BAD = {
                                                 "n_kv_heads", "head_dim", "d_ff", "max_seq_len")},
                   "rope_theta": numbers(0.0), "rope_scaling": ("llama3", 8.0, {}),
                   "norm_eps": numbers(0.0), "tie_embeddings": BOOL,
+                  "qkv_bias": BOOL, "qk_norm": BOOL,
                   "runtime": ("bfloat16", None, {"dtype": "bfloat16"})},
     Runtime: {"dtype": (32, "", "float8"), "param_dtype": (32, "", "bf16"),
               "cache_dtype": (32, "", "bf16"),

@@ -40,9 +40,13 @@ def logits(params, cfg) -> np.ndarray:
   return np.asarray(llama.forward(params, cfg, tokens, jnp.arange(8)[None])[0])
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny-untied-llama3"])
-def test_float32_export_loads_back_to_identical_logits(tmp_path, preset):
-  model = model_of(preset)
+@pytest.mark.parametrize("preset,changes", [
+    ("tiny", {}), ("tiny-untied-llama3", {}), ("tiny", {"qkv_bias": True}),  # Qwen2
+    ("tiny-untied-llama3", {"qk_norm": True, "head_dim": 32})])  # Qwen3
+def test_float32_export_loads_back_to_identical_logits(tmp_path, preset, changes):
+  model = model_of(preset, **changes)
+  noise = lambda x: x + 0.1 * jax.random.normal(jax.random.key(2), x.shape)  # biases start at 0
+  model = dataclasses.replace(model, params=jax.tree.map(noise, model.params))
   export(model, tmp_path / "m", dtype="float32")
   back = load(tmp_path / "m")
   assert back.config == model.config  # rope scaling, tying, eps... survive config.json
