@@ -13,13 +13,11 @@ def table(header: list[str], rows: list[list]) -> str:
 
 def plot_tau_speedup(rows, path, title: str, panels=("greedy", "t=1"), key="sampling"):
   """Speedup against tau, one panel per value of row[key], a labelled dot per method."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from matplotlib.figure import Figure  # not pyplot: a notebook's backend stays as it was
   cols = min(len(panels), 2)  # two panels a row: four side by side leave the labels unreadable
   n_rows = -(-len(panels) // cols)
-  fig, axes = plt.subplots(n_rows, cols, figsize=(7 * cols, 5 * n_rows), sharey=True,
-                           squeeze=False)
+  fig = Figure(figsize=(7 * cols, 5 * n_rows))
+  axes = fig.subplots(n_rows, cols, sharey=True, squeeze=False)
   for ax in axes.flat[len(panels):]:
     ax.set_visible(False)
   for ax, panel in zip(axes.flat, panels):
@@ -32,7 +30,6 @@ def plot_tau_speedup(rows, path, title: str, panels=("greedy", "t=1"), key="samp
            ylabel="speedup over autoregressive")
   fig.tight_layout()
   fig.savefig(path, dpi=120)
-  plt.close(fig)
 
 
 def markdown(result: dict) -> str:

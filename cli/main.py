@@ -5,10 +5,13 @@ import sys
 
 from speculax.cli import bench, export, generate, serve_bench, train
 from speculax.cli.args import Parser, fail
+from speculax.models import distributed
 
 
 def main(argv: list[str] | None = None) -> int:
-  """Runs one subcommand; a user error (bad flag, value or file) exits 2 with one line."""
+  """Runs one subcommand; a user error (bad flag, value or file) exits 2 with one line. Under
+  scripts/launch.sh (SPECULAX_COORDINATOR ... set) it first joins the multi-process run."""
+  distributed.initialize_from_env()
   parser = Parser(prog="speculax", description="Speculative decoding research framework in JAX.")
   sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
   generate.add_parser(sub)

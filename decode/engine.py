@@ -16,12 +16,11 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from speculax.decode.config import GenerateConfig
 from speculax.decode.inputs import check_room, pack_prompts
 from speculax.decode.metrics import DecodeOutput
-from speculax.models import llama, sharding
+from speculax.models import distributed, llama, sharding
 from speculax.models.config import LlamaConfig
 from speculax.models.kvcache import KVCache
 from speculax.models.sharding import MeshConfig
@@ -57,7 +56,8 @@ def prefill(params, config: LlamaConfig, tokens, lengths, cache: KVCache,
 
 
 def place(params, config: LlamaConfig, cache: KVCache, tokens, lengths, mesh: MeshConfig | None):
-  """Puts params, cache and the batch on the mesh (if any) and unstacks the layers.
+  """Puts params, cache and the batch on the mesh (if any) and unstacks the layers. In a
+  multi-process run every process passes the same params and prompts and keeps its own shards.
 
   Decoding runs the layers as an unrolled loop over per-layer buffers (see
   `llama.unstack_layers`); params already unstacked are used as they are.
@@ -70,8 +70,8 @@ def place(params, config: LlamaConfig, cache: KVCache, tokens, lengths, mesh: Me
     if stacked:
       params = sharding.shard_params(params, config, m, mesh.rules)
     cache = sharding.shard_cache(cache, m, mesh.rules)
-    tokens = jax.device_put(tokens, sharding.batch_sharding(m, mesh.rules, 2))
-    lengths = jax.device_put(lengths, sharding.batch_sharding(m, mesh.rules, 1))
+    tokens = distributed.put_global(tokens, sharding.batch_sharding(m, mesh.rules, 2))
+    lengths = distributed.put_global(lengths, sharding.batch_sharding(m, mesh.rules, 1))
   return (llama.unstack_layers(params) if stacked else params), cache, tokens, lengths
 
 
@@ -100,7 +100,7 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
   # attention is partitioned from the arrays' shardings alone.
   kernel_mesh = mesh is not None and config.runtime.attention_impl != "xla"
   with jax.set_mesh(sharding.make_mesh(mesh)) if kernel_mesh else contextlib.nullcontext():
-    compile_s = 0.0
+    compile_s = None  # no warm-up: the timings include compiling (DecodeOutput says so)
     if warmup:
       t = time.perf_counter()
       jax.block_until_ready(program.loop(params, begin(jax.tree.map(jnp.copy, cache), True)))
@@ -110,7 +110,8 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
     t1 = time.perf_counter()
     state = jax.block_until_ready(program.loop(params, state))
     t2 = time.perf_counter()
-  buffer, first, n = (np.asarray(x) for x in program.new_tokens(state))
+  # Rows sharded over several processes are gathered: every process returns every row.
+  buffer, first, n = (distributed.to_host(x) for x in program.new_tokens(state))
   out = [buffer[i, first[i]:first[i] + n[i]].tolist() for i in range(b)]
   return state, DecodeOutput(tokens=out, prefill_s=t1 - t0, decode_s=t2 - t1,
                              forwards=int(state.forwards), compile_s=compile_s)

@@ -15,6 +15,11 @@ It exists to pin down three things orbax leaves loose:
   differ from what was saved is checked against the saved metadata first and
   fails naming each mismatched leaf path with both shapes, instead of orbax's
   internal error text (or a silent cast).
+- Many processes. In a jax.distributed run every process calls `save` and
+  `restore` with the same steps (orbax coordinates the writes: each process
+  writes the shards it holds, process 0 commits), on a directory all of them
+  see. A checkpoint written by N processes restores in any other layout, one
+  process included: the shardings come from `like`, never from the save.
 - Typed PRNG keys. orbax stores plain arrays, so key leaves are saved as
   `jax.random.key_data` and rebuilt (same impl, same sharding) on restore from
   the key dtype of the matching `like` leaf.
@@ -327,8 +332,8 @@ def _stored_aval(x: Any) -> jax.ShapeDtypeStruct:
 def _target_sharding(x: Any, ndim: int) -> jax.sharding.Sharding:
   """Where leaf `x` should land; key data gets the key's sharding plus replicated trailing dims."""
   sharding = getattr(x, "sharding", None)
-  if sharding is None:
-    return SingleDeviceSharding(jax.devices()[0])
+  if sharding is None:  # this process's own first device (jax.devices()[0] is process 0's)
+    return SingleDeviceSharding(jax.local_devices()[0])
   if isinstance(sharding, NamedSharding) and len(sharding.spec) != ndim:
     spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
     return NamedSharding(sharding.mesh, PartitionSpec(*spec), memory_kind=sharding.memory_kind)

@@ -11,7 +11,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from speculax.core.fields import Checked, field
-from speculax.models import llama
+from speculax.models import distributed, llama
 from speculax.models.config import LlamaConfig
 from speculax.models.kvcache import CACHE_AXES, KVCache
 
@@ -54,17 +54,26 @@ class MeshConfig(Checked):
 
 
 def make_mesh(cfg: MeshConfig) -> jax.sharding.Mesh:
-  """A mesh over the first data*fsdp*tensor devices, in Auto mode (XLA propagates shardings)."""
+  """A mesh over the first data*fsdp*tensor devices, in Auto mode (XLA propagates shardings).
+
+  jax.devices() is global: in a multi-process run (models/distributed.py) the mesh spans every
+  process, in jax.make_mesh's order, which keeps each process's devices together along the
+  leading (batch) axes. It must then use every device: a process left out of the mesh would
+  hold no shard of anything and stall its peers' collectives.
+  """
   need, have = cfg.data * cfg.fsdp * cfg.tensor, len(jax.devices())
   if need > have:
     raise ValueError(f"mesh {dict(zip(MESH_AXES, cfg.shape))} needs {need} devices, only {have} exist")
+  if jax.process_count() > 1 and need != have:
+    raise ValueError(f"mesh {dict(zip(MESH_AXES, cfg.shape))} uses {need} of the {have} devices of "
+                     f"{jax.process_count()} processes; a multi-process mesh must use all {have}")
   return jax.make_mesh(cfg.shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
                        devices=jax.devices()[:need])
 
 
-
 def _place(tree, logical_specs, mesh, rules, what: str):
-  """device_put every leaf with the sharding its logical spec maps to, after a divisibility check."""
+  """Puts every leaf (the same value in every process) on the sharding its logical spec maps to,
+  after a divisibility check."""
   shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
 
   def put(path, x, sharding):
@@ -76,7 +85,7 @@ def _place(tree, logical_specs, mesh, rules, what: str):
       if dim % size:
         raise ValueError(f"{what} leaf {jax.tree_util.keystr(path)} of shape {x.shape}: dim {dim} is "
                          f"not divisible by mesh axes {names} of size {size}; change the mesh or the rules")
-    return jax.device_put(x, sharding)
+    return distributed.put_global(x, sharding)
 
   return jax.tree_util.tree_map_with_path(put, tree, shardings)
 

@@ -127,3 +127,15 @@ def test_indivisible_shard_names_the_leaf():
   mesh_cfg = MeshConfig(tensor=2)
   with pytest.raises(ValueError, match=r"param leaf \['layers'\]\['k'\] of shape \(1, 32, 1, 8\): dim 1 is not divisible"):
     sharding.shard_params(params, cfg, make_mesh(mesh_cfg), mesh_cfg.rules)
+
+
+def test_timings_say_whether_compiling_is_in_them(tiny):
+  """With warmup the compile time is measured apart; without, summary() says the timings hold
+  it (never a silent 0.0 s)."""
+  cfg, params = tiny
+  gen = GenerateConfig(max_new_tokens=3)
+  cold = generate(params, cfg, [[9, 8, 7]], gen)
+  warm = generate(params, cfg, [[9, 8, 7]], gen, warmup=True)
+  assert cold.compile_s is None and "timings include compiling" in cold.summary()
+  assert cold.metrics()["compile_s"] is None and warm.tokens == cold.tokens
+  assert warm.compile_s > 0 and f"compile {warm.compile_s:.1f} s not counted" in warm.summary()

@@ -28,6 +28,7 @@ from speculax.drafters.heads_io import load_drafter, save_drafter
 from speculax.models.checkpoints import Checkpointer
 from speculax.models.config import LlamaConfig
 from speculax.models.derive import truncated
+from speculax.models.distributed import primary_first
 from speculax.models.load import LoadedModel, load
 from speculax.models.sharding import MeshConfig
 from speculax.train import corpus
@@ -178,15 +179,22 @@ def run(exp: DistillExperiment, *, until: int | None = None,
   model = load(exp.target) if model is None else model
   folder = exp.folder
   caches = folder if exp.teacher_dir is None else pathlib.Path(exp.teacher_dir)
+  # In a multi-process run process 0 writes the corpus and teacher caches, the others then
+  # open what it wrote; each reads only its own rows of every batch (train/loop.py).
   if rows is None:
-    rows = corpus.token_rows(exp.data, model, caches, params_fingerprint(model.params))
+    rows = primary_first(
+        lambda: corpus.token_rows(exp.data, model, caches, params_fingerprint(model.params)),
+        "corpus")
   train_tokens, held_tokens = rows
   order = vocab_trim.frequency_order(train_tokens, model.config.vocab_size)
   s = student(exp, model, order)
-  teacher, held = (build_teacher_cache(caches / cache_name(split, s.hidden_layers), model.params,
-                                       model.config, tokens, top_k=exp.data.top_k,
-                                       hidden_layers=s.hidden_layers)
-                   for split, tokens in (("train", train_tokens), ("heldout", held_tokens)))
+
+  def teacher_cache(split: str, tokens: np.ndarray):
+    return primary_first(lambda: build_teacher_cache(
+        caches / cache_name(split, s.hidden_layers), model.params, model.config, tokens,
+        top_k=exp.data.top_k, hidden_layers=s.hidden_layers), f"teacher cache {split}")
+
+  teacher, held = teacher_cache("train", train_tokens), teacher_cache("heldout", held_tokens)
   state = sharded_init(s.params, s.config, exp.distill, exp.mesh)
   evaluate = lambda st: heldout_metrics(st.params, s.config, exp.distill, held, s.frozen)
   before = evaluate(state)

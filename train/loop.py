@@ -12,12 +12,14 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tqdm
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from tqdm.auto import tqdm
 
 from speculax.core.sampling import SamplingConfig
 from speculax.decode.config import GenerateConfig
 from speculax.decode.generate import generate
-from speculax.models import sharding
+from speculax.models import distributed, sharding
 from speculax.models.config import LlamaConfig
 from speculax.models.sharding import MeshConfig, make_mesh
 from speculax.train.data import batch_rows
@@ -38,10 +40,16 @@ def sharded_init(params, config: LlamaConfig, cfg: DistillConfig,
                  mesh: MeshConfig | None) -> TrainState:
   """A fresh state on the mesh: data parallel over the batch, the drafter's params sharded by
   the rules table (fsdp over `embed` when the mesh has an fsdp axis); the optimizer moments are
-  built from the placed params and so inherit their shardings."""
-  if mesh is not None:
-    params = sharding.shard_params(params, config, make_mesh(mesh), mesh.rules)
-  return init_state(params, cfg)
+  built from the placed params and so inherit their shardings. The step, key and optimizer
+  counts are replicated over the mesh, so that every leaf spans the same devices: in a
+  multi-process run a checkpoint then restores onto `like=` this state in every process."""
+  if mesh is None:
+    return init_state(params, cfg)
+  m = make_mesh(mesh)
+  state = init_state(sharding.shard_params(params, config, m, mesh.rules), cfg)
+  on_mesh = lambda x: isinstance(x.sharding, NamedSharding) and x.sharding.mesh == m
+  replicated = NamedSharding(m, P())
+  return jax.tree.map(lambda x: x if on_mesh(x) else distributed.put_global(x, replicated), state)
 
 
 def on_policy_rows(state: TrainState, config: LlamaConfig, cfg: DistillConfig, target: Target,
@@ -58,8 +66,10 @@ def on_policy_rows(state: TrainState, config: LlamaConfig, cfg: DistillConfig, t
 
 
 def make_batch(state, config, cfg: DistillConfig, tokens: np.ndarray, teacher: Teacher,
-               target: Target | None, step: int) -> dict:
-  rows = batch_rows(len(tokens), cfg.batch_size, step, seed=cfg.seed)
+               target: Target | None, step: int, part: slice = slice(None)) -> dict:
+  """The rows `part` of step's batch (all of them by default; one process's share in a
+  multi-process run, which reads only those rows of the data and the teacher cache)."""
+  rows = batch_rows(len(tokens), cfg.batch_size, step, seed=cfg.seed)[part]
   batch = {"tokens": tokens[rows], **teacher(rows)}
   # Head drafters train off-policy only: their HeadsConfig has no on_policy_fraction.
   n_on = int(round(getattr(cfg, "on_policy_fraction", 0.0) * cfg.batch_size))
@@ -75,6 +85,19 @@ def make_batch(state, config, cfg: DistillConfig, tokens: np.ndarray, teacher: T
   return batch
 
 
+def check_processes(cfg, mesh: MeshConfig | None) -> None:
+  """A multi-process run trains one model on a mesh over all processes, off-policy: on-policy
+  rows are sampled by a decode of the whole batch, which no process holds."""
+  if jax.process_count() == 1:
+    return
+  if mesh is None:
+    raise ValueError(f"training in {jax.process_count()} processes needs a mesh over all of them "
+                     f"(mesh=MeshConfig(...)); without one each process would train alone")
+  if getattr(cfg, "on_policy_fraction", 0.0):
+    raise ValueError(f"on_policy_fraction={cfg.on_policy_fraction}: on-policy rows are not "
+                     f"supported across {jax.process_count()} processes; train off-policy (0.0)")
+
+
 def fit(state: TrainState, config: LlamaConfig, cfg, tokens: np.ndarray, teacher: Teacher, *,
         frozen=None, target: Target | None = None, checkpointer=None, log=None,
         evaluate: Callable[[TrainState], dict] | None = None, eval_every: int = 0,
@@ -87,18 +110,24 @@ def fit(state: TrainState, config: LlamaConfig, cfg, tokens: np.ndarray, teacher
   cfg: DistillConfig or HeadsConfig; frozen: what the objective reads but never trains (a head
   drafter's target params), passed to train_step as is.
   """
+  check_processes(cfg, mesh)
   if mesh is not None:
     mesh.check_batch(cfg.batch_size, f"{type(cfg).__name__}.batch_size")
   m = None if mesh is None else make_mesh(mesh)
+  # Each process reads only the rows its devices hold and the global batch is assembled from
+  # every process's rows (in one process: all rows, placed on the mesh).
+  part = slice(None) if m is None else distributed.process_rows(
+      sharding.batch_sharding(m, mesh.rules, 1), cfg.batch_size)
   place = (lambda v: jnp.asarray(v)) if m is None else (
-      lambda v: jax.device_put(v, sharding.batch_sharding(m, mesh.rules, np.ndim(v))))
+      lambda v: distributed.from_process_rows(sharding.batch_sharding(m, mesh.rules, np.ndim(v)),
+                                              v, cfg.batch_size))
   start = int(state.step)
   stop = cfg.steps if until is None else min(until, cfg.steps)
-  bar = tqdm.tqdm(range(start, stop), initial=start, total=cfg.steps, disable=None,
-                  desc=f"distill {cfg.divergence}")
+  bar = tqdm(range(start, stop), initial=start, total=cfg.steps,
+             disable=None if distributed.is_primary() else True, desc=f"distill {cfg.divergence}")
   t0 = time.perf_counter()
   for step in bar:
-    batch = make_batch(state, config, cfg, tokens, teacher, target, step)
+    batch = make_batch(state, config, cfg, tokens, teacher, target, step, part)
     batch = {k: place(v) for k, v in batch.items()}
     state, metrics = train_step(state, batch, config, cfg, frozen)
     done = step + 1

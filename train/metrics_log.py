@@ -1,4 +1,7 @@
-"""Training metrics: one CSV row per logged step, and a plot of the curves at the end."""
+"""Training metrics: one CSV row per logged step, and a plot of the curves at the end.
+
+In a multi-process run only process 0 writes (the file and the plot); every process may read.
+"""
 from __future__ import annotations
 
 import csv
@@ -6,6 +9,8 @@ import math
 import pathlib
 import re
 from collections.abc import Iterable
+
+from speculax.models.distributed import is_primary
 
 MAX_COLUMNS = 4  # panels per row of the plot
 _DEPTH = re.compile(r"(.+)/depth(\d+)")  # a per-depth metric: <group>/depth<j>
@@ -35,6 +40,8 @@ class MetricsLog:
 
   def write(self, step: int, metrics: dict[str, float]) -> None:
     """Long format (step, metric, value): steps may log different metrics (evals are rarer)."""
+    if not is_primary():
+      return
     new = not self.path.exists()
     with self.path.open("a", newline="") as f:
       w = csv.writer(f)
@@ -55,16 +62,19 @@ class MetricsLog:
 
   def plot(self, out: str | pathlib.Path) -> pathlib.Path:
     """A grid of panels against step (see panel_groups), at most MAX_COLUMNS wide; returns the
-    PNG path."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    PNG path (drawn by process 0 only)."""
+    out = pathlib.Path(out)
+    if not is_primary():
+      return out
+    # A Figure of its own, not pyplot: the caller's matplotlib backend (a notebook's inline one)
+    # stays as it was.
+    from matplotlib.figure import Figure
     rows = self.read()
     groups = panel_groups({k for r in rows for k in r} - {"step"})
     n = max(len(groups), 1)
     cols = min(n, MAX_COLUMNS)
-    fig, axes = plt.subplots(math.ceil(n / cols), cols, figsize=(4 * cols, 3 * math.ceil(n / cols)),
-                             squeeze=False)
+    fig = Figure(figsize=(4 * cols, 3 * math.ceil(n / cols)))
+    axes = fig.subplots(math.ceil(n / cols), cols, squeeze=False)
     for ax, (title, names) in zip(axes.flat, groups.items()):
       for name in names:
         pts = [(r["step"], r[name]) for r in rows if name in r]
@@ -76,7 +86,5 @@ class MetricsLog:
     for ax in list(axes.flat)[len(groups):]:
       ax.set_visible(False)
     fig.tight_layout()
-    out = pathlib.Path(out)
     fig.savefig(out, dpi=100)
-    plt.close(fig)
     return out
