@@ -12,6 +12,7 @@ import sys
 from typing import get_args
 
 from speculax.bench import methods
+from speculax.core import multi_draft
 from speculax.core.trees import parse_tree
 from speculax.drafters import registry
 from speculax.models.config import AttentionImpl
@@ -69,6 +70,11 @@ def add_drafter(p: argparse.ArgumentParser, default: str, allow_none: bool, k: i
                  help=f"trained drafters ({', '.join(registry.TRAINED)}): the run folder "
                       "(drafter.json + drafter_params) that `speculax train --config "
                       "configs/<drafter>_smollm2.py` writes; -k at most its number of heads")
+  p.add_argument("--drafts", type=count(1), default=None, metavar="N",
+                 help="multi-draft-model: chains proposed per step (default 2)")
+  p.add_argument("--rule", default=None, choices=tuple(multi_draft.RULES),
+                 help="multi-draft-model: how the first level is verified, which fixes how its "
+                      "drafts are drawn (default greedy: top n-1 plus one sampled, optimal)")
   p.add_argument("--stop-threshold", type=float, default=None, metavar="P",
                  help="eagle trained with an acceptance head: SpecDec++ adaptive length, a "
                       "chain stops once P(some draft rejected) exceeds P, in (0, 1)")
@@ -91,7 +97,9 @@ def drafter_options(args) -> tuple[dict, dict]:
              "max_ngram": args.max_ngram, "min_ngram": args.min_ngram,
              "vocab_trim": args.vocab_trim, "vocab_ids": args.vocab_ids,
              "exit_threshold": args.exit_threshold}
-  fields = {} if args.stop_threshold is None else {"stop_threshold": args.stop_threshold}
+  fields = {name: value for name, value in (("stop_threshold", args.stop_threshold),
+                                            ("n", args.drafts), ("rule", args.rule))
+            if value is not None}
   return options, fields
 
 
@@ -107,7 +115,8 @@ def check_drafter_options(kind: str, options: dict, fields: dict) -> None:
   registry.check_options(kind, **options)
   for name in fields:
     if not any(f.name == name for f in dataclasses.fields(registry.get(kind))):
-      raise ValueError(f"{kind} takes no --{name.replace('_', '-')}")
+      flag = {"n": "drafts"}.get(name, name).replace("_", "-")
+      raise ValueError(f"{kind} takes no --{flag}")
 
 
 def ints(text: str, flag: str) -> tuple[int, ...]:

@@ -24,12 +24,13 @@ from speculax.drafters.eagle import Eagle
 from speculax.drafters.hydra import Hydra
 from speculax.drafters.layer_skip import LayerSkip
 from speculax.drafters.medusa import Medusa
+from speculax.drafters.multi_draft import MultiDraftModel
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models.config import LlamaConfig
 
 KINDS: dict[str, type[Drafter]] = {cls.name: cls for cls in (
-    PromptLookup, TokenRecycling, LayerSkip, DraftModel, Medusa, Hydra, Eagle)}
+    PromptLookup, TokenRecycling, LayerSkip, DraftModel, MultiDraftModel, Medusa, Hydra, Eagle)}
 TRAINED = tuple(name for name, cls in KINDS.items() if cls.trained)  # loaded from a run folder
 SAVED = (*TRAINED, DraftModel.name)  # kinds `speculax train` saves as run folders
 # Options `make` takes for every kind that has the drafter field named: VocabTrim's size and the

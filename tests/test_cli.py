@@ -70,6 +70,9 @@ MALFORMED = [
      "layer-skip takes no option max_ngram"),
     (["generate", "--drafter", "prompt-lookup", "--stop-threshold", "0.5"],
      "prompt-lookup takes no --stop-threshold"),
+    (["generate", "--drafter", "draft-model", "--drafts", "3"], "draft-model takes no --drafts"),
+    (["generate", "--drafter", "multi-draft-model", "--rule", "best"],
+     "argument --rule: invalid choice: 'best'"),
     (["generate", "--prompt", "hi", "--prompts", "{stream}"], "--prompt or --prompts FILE, not both"),
     (["generate", "--prompts", "no-such-file.jsonl"], "prompt file 'no-such-file.jsonl' does not"),
     # serve-bench
