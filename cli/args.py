@@ -90,7 +90,7 @@ def add_drafter(p: argparse.ArgumentParser, default: str, allow_none: bool, k: i
 
 def drafter_options(args) -> tuple[dict, dict]:
   """(registry.make options, drafter fields) the flags set; None: not set. The fields are the
-  settings no build option takes (SpecDec++'s stop threshold)."""
+  settings no build option takes (SpecDec++'s stop threshold, a multi-draft model's n and rule)."""
   skip = None if args.skip is None else ints(args.skip, "--skip")
   options = {"tree": args.tree, "heads": args.heads, "skip": skip, "draft": args.draft_model,
              "draft_layers": args.draft_layers, "adapt": args.adapt,
