@@ -43,21 +43,25 @@ class Method(Checked):
   # Each batch starts from the drafter state the previous one ended with (Token Recycling's
   # adjacency matrix carried from prompt to prompt, as its paper serves).
   hot: bool = False
+  # Goodput-driven draft length (decode/goodput.py): k is the most a step drafts; each step
+  # picks 0..k from step costs calibrated at the panel's batch on its first prompts.
+  goodput: bool = False
 
   def __post_init__(self):
     super().__post_init__()
     if self.drafter is None:
-      if self.options or self.fields:
+      if self.options or self.fields or self.goodput:
         raise ValueError(f"method {self.name!r}: autoregressive decoding (drafter None) takes no "
-                         f"options, got {sorted({**self.options, **self.fields})}")
+                         f"options, got {sorted({**self.options, **self.fields})}"
+                         + (" and goodput=True" if self.goodput else ""))
     else:
       registry.get(self.drafter)  # an unknown kind fails here, naming the kinds
 
 
 def method(name: str, drafter: str | None = None, *, k: int = 5, set: dict | None = None,
-           hot: bool = False, **options) -> Method:
-  """Method(name, drafter, k, options, fields=set, hot): options as keywords."""
-  return Method(name, drafter, k, options, dict(set or {}), hot)
+           hot: bool = False, goodput: bool = False, **options) -> Method:
+  """Method(name, drafter, k, options, fields=set, hot, goodput): options as keywords."""
+  return Method(name, drafter, k, options, dict(set or {}), hot, goodput)
 
 
 AUTOREGRESSIVE = Method("autoregressive")

@@ -50,6 +50,7 @@ class Run:
   steps: int  # verify steps (loop iterations; prefill not counted)
   decode_s: float  # wall time of the decode loops (prefill apart)
   tokens: list[list[int]]  # new tokens per prompt, in order
+  k_steps: list[int] | None = None  # goodput-driven runs: loop steps that drafted 0..k
 
 
 def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int = 1,
@@ -61,7 +62,7 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
   hot: each batch starts from the drafter state the previous one ended with (as params).
   """
   wall = n_tokens = row_steps = step_tokens = compile_s = accepted = drafted = steps = decode = 0
-  tokens = []
+  tokens, k_steps = [], None
   for i in range(0, len(prompts) - batch + 1, batch):
     key, chunk = jax.random.key(i), prompts[i:i + batch]
     if drafter is None:
@@ -73,10 +74,12 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
         dparams = out.drafter_state
       row_steps, step_tokens = row_steps + out.row_steps, step_tokens + out.step_tokens
       accepted, drafted = accepted + out.accepted_at, drafted + out.drafted
+      if out.k_steps is not None:
+        k_steps = out.k_steps + (0 if k_steps is None else k_steps)
     wall, n_tokens, compile_s = wall + out.wall_s, n_tokens + out.new_tokens, compile_s + out.compile_s
     steps, decode = steps + out.forwards - 1, decode + out.decode_s
     tokens += out.tokens
   tau = step_tokens / row_steps if row_steps else 1.0
   acceptance = (np.asarray(accepted) / max(row_steps, 1)).tolist() if row_steps else []
   return Run(n_tokens / wall, tau, acceptance, drafted / max(row_steps, 1), compile_s, steps,
-             decode, tokens)
+             decode, tokens, None if k_steps is None else k_steps.tolist())

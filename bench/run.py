@@ -9,6 +9,7 @@ alone for that many tokens) and the rest (drafting and the loop's own work).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import pathlib
@@ -23,6 +24,7 @@ from speculax.bench.config import AUTOREGRESSIVE, BenchConfig, sampling_name
 from speculax.bench.measure import forward_seconds, machine, run_prompts
 from speculax.bench.methods import build_drafter, params_mb
 from speculax.core.sampling import SamplingConfig
+from speculax.decode.calibrate import calibrate
 from speculax.decode.config import SpecConfig
 from speculax.models import load as load_lib
 
@@ -62,13 +64,17 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
       drafter, dparams = built.get(m.name, (None, None))
       spec = SpecConfig(k=m.k, max_new_tokens=cfg.new_tokens,
                         sampling=SamplingConfig(temperature=temperature))
+      if m.goodput:
+        spec = dataclasses.replace(spec, goodput=calibrate(
+            model.params, model.config, chunk[:batch], drafter, spec, dparams))
       bar.set_postfix_str(f"{suite} b{batch} {sampling_name(temperature)}: {m.name}")
       r = run_prompts(model, chunk, drafter, dparams, spec, batch, hot=m.hot)
       reference = reference or r.tokens
       row = dict(method=m.name if i < len(order) - 1 else f"{m.name}, again",
                  drafter=m.drafter, k=m.k, suite=suite, batch=batch,
                  sampling=sampling_name(temperature), tau=r.tau, acceptance=r.acceptance,
-                 drafts_per_step=r.drafts_per_step, tokens_per_s=r.tokens_per_s,
+                 drafts_per_step=r.drafts_per_step, k_steps=r.k_steps,
+                 tokens_per_s=r.tokens_per_s,
                  compile_s=r.compile_s, drafter_mb=params_mb(dparams),
                  peak_memory_mb=_peak_memory_mb(), sequences=len(r.tokens),
                  same_as_ar=(sum(a == b for a, b in zip(r.tokens, reference))

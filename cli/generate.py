@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -20,6 +21,7 @@ from speculax.cli.args import (
   runtime_loader,
 )
 from speculax.core.sampling import SamplingConfig
+from speculax.decode.calibrate import calibrate
 from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.speculative import speculative_generate
@@ -55,6 +57,10 @@ def add_parser(sub) -> None:
   p.add_argument("--seed", type=count(0), default=0, help="random seed for sampling")
   add_drafter(p, default="none", allow_none=True)
   add_runtime(p)
+  p.add_argument("--goodput", action="store_true",
+                 help="goodput-driven draft length (SmartSpec): each step drafts the 0..k "
+                      "with the most expected tokens per second, from step costs timed first "
+                      "on these prompts (chains only)")
   p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
                  help="run sharded on a device mesh of this shape, e.g. 4,1,2")
   p.add_argument("--json", action="store_true",
@@ -78,6 +84,8 @@ def run(args) -> int:
   mesh = _mesh(args.mesh)
   options, fields = drafter_options(args)
   check_drafter_options(args.drafter, options, fields)  # before the model load, which takes seconds
+  if args.goodput and args.drafter == "none":
+    raise ValueError("--goodput picks a drafter's draft length; give --drafter")
   if args.prompt and args.prompts:
     raise ValueError("give prompts with --prompt or --prompts FILE, not both")
   if args.prompt and any(not p.strip() for p in args.prompt):
@@ -106,6 +114,11 @@ def run(args) -> int:
   else:
     spec = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling,
                       eos_ids=tok.eos_ids)
+    if args.goodput:
+      spec = dataclasses.replace(spec, goodput=calibrate(model.params, model.config, prompts,
+                                                         drafter, spec, dparams, key=key))
+      print("goodput: seconds per step drafting k = 0..{}: {}".format(
+          args.k, " ".join(f"{s:.4f}" for s in spec.goodput.step_s)), file=sys.stderr)
     out = speculative_generate(model.params, model.config, prompts, drafter, spec,
                                drafter_params=dparams, key=key, mesh=mesh, warmup=True)
   texts = [tok.decode(ids) for ids in out.tokens]

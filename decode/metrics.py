@@ -24,6 +24,8 @@ class DecodeOutput:
   # [k] steps whose draft i was accepted and emitted, summed over sequences.
   accepted_at: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
   drafted: int = 0  # draft tokens the target checked (k per step, fewer with adaptive length)
+  # Goodput-driven draft length only: [k + 1] loop steps that drafted 0..k (None: always k).
+  k_steps: np.ndarray | None = None
   drafter_state: Any = None  # the drafter's final state (e.g. a Token Recycling matrix to reuse)
   texts: list[str] | None = None  # the new tokens decoded, when the caller had a tokenizer
 
@@ -55,12 +57,20 @@ class DecodeOutput:
     """Mean draft tokens the target checked per step per sequence (tree nodes for a tree)."""
     return self.drafted / self.row_steps if self.row_steps else 0.0
 
+  @property
+  def mean_k(self) -> float | None:
+    """Goodput-driven runs: the mean draft length the loop chose per step (None otherwise)."""
+    if self.k_steps is None:
+      return None
+    return float(np.arange(len(self.k_steps)) @ self.k_steps / max(self.k_steps.sum(), 1))
+
   def metrics(self) -> dict:
     """What summary() says, JSON-ready (tokens per prompt included)."""
     return dict(tokens=self.tokens, new_tokens=self.new_tokens, tokens_per_s=self.tokens_per_s,
                 prefill_s=self.prefill_s, decode_s=self.decode_s, compile_s=self.compile_s,
                 forwards=self.forwards, tau=self.tau, acceptance=self.acceptance.tolist(),
-                drafts_per_step=self.draft_length)
+                drafts_per_step=self.draft_length,
+                k_steps=None if self.k_steps is None else self.k_steps.tolist())
 
   def summary(self) -> str:
     acc = " ".join(f"{a:.2f}" for a in self.acceptance)
@@ -70,4 +80,7 @@ class DecodeOutput:
             f"(prefill {self.prefill_s:.2f} s, decode {self.decode_s:.2f} s; {compiled}); "
             f"{self.forwards} target forwards, "
             f"tau {self.tau:.2f}" + (f", acceptance by position [{acc}], {self.draft_length:.2f} "
-                                     "drafts checked per step" if acc else ""))
+                                     "drafts checked per step" if acc else "")
+            + ("" if self.k_steps is None else
+               f"; goodput chose k = 0..{len(self.k_steps) - 1} in "
+               f"{'/'.join(str(int(n)) for n in self.k_steps)} steps"))

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculax.core.sampling import sample
-from speculax.core.types import TargetView
-from speculax.decode import engine
+from speculax.core.types import Draft, TargetView
+from speculax.decode import engine, goodput
 from speculax.decode.config import SpecConfig
 from speculax.decode.metrics import DecodeOutput
 from speculax.drafters.base import Drafter
@@ -29,7 +29,7 @@ from speculax.models import llama
 from speculax.models.config import LlamaConfig
 from speculax.models.kvcache import KVCache
 from speculax.models.sharding import MeshConfig
-from speculax.verifiers.chain import emitted_tokens
+from speculax.verifiers.chain import ChainVerifier, emitted_tokens
 
 
 @flax.struct.dataclass
@@ -46,6 +46,7 @@ class SpecState:
   step_tokens: jax.Array  # [] int32 tokens those steps emitted
   accepted_at: jax.Array  # [k] int32 active sequences whose draft i was accepted
   drafted: jax.Array  # [] int32 draft tokens the target checked, summed over active sequences
+  goodput: goodput.GoodputState | None  # spec.goodput's acceptance estimate and k counts
 
 
 def block_shape(drafter: Drafter, spec: SpecConfig) -> tuple[int, int]:
@@ -67,17 +68,32 @@ def _stop(tokens, n_emit, n_out, max_new, eos_ids):
 
 def spec_step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Drafter,
               s: SpecState) -> SpecState:
+  """One draft-then-verify step of spec.k drafts, or with spec.goodput of the k' in 0..k it
+  picks (each k' its own program: a shorter draft pays only its own drafting and forward)."""
+  step = functools.partial(_step, params, dparams, config, spec, drafter)
+  if spec.goodput is None:
+    return step(spec.k, s)
+  return jax.lax.switch(goodput.choose(spec.goodput, s.goodput),
+                        [functools.partial(step, k) for k in range(spec.k + 1)], s)
+
+
+def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Drafter, k: int,
+          s: SpecState) -> SpecState:
   b = s.history.shape[0]
   rows = jnp.arange(b)
   key, k_draft, k_verify = jax.random.split(s.key, 3)
   view = TargetView(params, s.cache, s.history, s.lengths)
-  draft, dstate, view = drafter.propose(dparams, s.drafter, view, k_draft, config, spec.k,
-                                        spec.sampling)
+  if k:
+    draft, dstate, view = drafter.propose(dparams, s.drafter, view, k_draft, config, k,
+                                          spec.sampling)
+  else:  # a plain decoding step: the verifier checks no drafts and draws the target's token
+    draft, dstate = Draft(jnp.zeros((b, 0), jnp.int32), None), s.drafter
   layers = drafter.hidden_layers or (-1,)  # Verified.hidden: the features the drafter reads
   forward = lambda tokens, positions, mask: llama.forward(
       params, config, tokens, positions, view.cache, mask, hidden_layers=layers)
-  verified, cache = drafter.verifier().verify(k_verify, draft, view.pending, view.lengths - 1,
-                                              forward, spec.sampling, config.vocab_size)
+  verifier = drafter.verifier() if k else ChainVerifier()
+  verified, cache = verifier.verify(k_verify, draft, view.pending, view.lengths - 1, forward,
+                                    spec.sampling, config.vocab_size)
   n_acc = verified.n_accepted
   out = emitted_tokens(verified.kept, n_acc, verified.next_token)  # [b, depth + 1]
   width = out.shape[1]
@@ -91,16 +107,19 @@ def spec_step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
   history = s.history.at[rows[:, None], slots].set(out, mode="drop")
   lengths = s.lengths + n_emit
   cache = cache.with_lengths(lengths - 1)
+  # A drafter that proposed nothing still sees the step (Verified of the pending token alone).
   dstate = drafter.update(dparams, dstate, TargetView(params, cache, history, lengths), verified)
   n_out = s.n_out + n_emit
   accepted = jnp.arange(width - 1)[None] < jnp.minimum(n_acc, n_emit)[:, None]  # [b, depth]
+  accepted_at = s.accepted_at.at[:width - 1].add(accepted.sum(0))  # goodput: k <= spec.k
+  gstate = s.goodput if spec.goodput is None else goodput.observe(
+      spec.goodput, s.goodput, k, jnp.broadcast_to(checked, (b,)), n_acc, active)
   return s.replace(
       cache=cache, history=history, lengths=lengths, n_out=n_out, drafter=dstate, key=key,
       done=s.done | (active & hit_eos) | (n_out >= spec.max_new_tokens),
       forwards=s.forwards + 1, row_steps=s.row_steps + active.sum(),
-      step_tokens=s.step_tokens + n_emit.sum(),
-      accepted_at=s.accepted_at + accepted.sum(0),
-      drafted=s.drafted + jnp.where(active, checked, 0).sum())
+      step_tokens=s.step_tokens + n_emit.sum(), accepted_at=accepted_at,
+      drafted=s.drafted + jnp.where(active, checked, 0).sum(), goodput=gstate)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "drafter"), donate_argnames=("state",))
@@ -131,7 +150,8 @@ def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidd
       forwards=jnp.ones((), jnp.int32), row_steps=jnp.zeros((), jnp.int32),
       step_tokens=jnp.zeros((), jnp.int32),
       accepted_at=jnp.zeros((block_shape(drafter, spec)[1],), jnp.int32),
-      drafted=jnp.zeros((), jnp.int32))
+      drafted=jnp.zeros((), jnp.int32),
+      goodput=None if spec.goodput is None else goodput.GoodputState.init(spec.goodput))
 
 
 def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
@@ -143,6 +163,9 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   drafter_params: arrays the drafter reads (a draft model's weights), or None.
   warmup: compile everything first (the loop runs zero steps), timed apart as compile_s.
   """
+  if spec.goodput is not None and type(drafter.verifier()) is not ChainVerifier:
+    raise ValueError(f"goodput-driven draft length picks a chain's length; the {drafter.name} "
+                     f"drafter here verifies with {type(drafter.verifier()).__name__}")
   drafter.check(config, drafter_params, spec.k)
   drafter_params = drafter.prepare(drafter_params, params, config)
   # Room past the new tokens: one verify block (k or tree nodes, + 1) after the last.
@@ -155,4 +178,5 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   return dataclasses.replace(
       out, row_steps=int(state.row_steps), step_tokens=int(state.step_tokens),
       accepted_at=np.asarray(state.accepted_at), drafted=int(state.drafted),
+      k_steps=None if state.goodput is None else np.asarray(state.goodput.steps),
       drafter_state=state.drafter)

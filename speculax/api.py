@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from speculax.core.sampling import SamplingConfig
+from speculax.decode.calibrate import calibrate
 from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate as _generate
 from speculax.decode.metrics import DecodeOutput
@@ -71,11 +72,14 @@ def speculate(model: LoadedModel, prompts: Prompts,
               drafter: LoadedDrafter | Drafter | str, *, k: int = 5,
               max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
               top_p: float = 1.0, chat: bool = True, stop_at_eos: bool = True, seed: int = 0,
-              mesh: MeshConfig | None = None, warmup: bool = True) -> DecodeOutput:
+              mesh: MeshConfig | None = None, warmup: bool = True,
+              goodput: bool = False) -> DecodeOutput:
   """Speculative decoding: the same output law as `generate`, with tau and acceptance by
   position. `drafter`: a LoadedDrafter (drafters.make / drafters.load / train_drafter), a
   drafter without params, or a registry name built with its defaults ("prompt-lookup").
-  warmup: as for `generate`."""
+  warmup: as for `generate`. goodput: k is the most a step drafts, and each step drafts the
+  0..k with the most expected tokens per second (SmartSpec), from step costs timed first on
+  these prompts (out.k_steps counts the choices; chains only)."""
   if isinstance(drafter, str):
     drafter = registry.make(drafter, model)
   elif isinstance(drafter, Drafter):
@@ -86,6 +90,10 @@ def speculate(model: LoadedModel, prompts: Prompts,
   ids = _token_ids(model, prompts, chat)
   spec = SpecConfig(k=k, **_settings(model, max_new_tokens, temperature, top_k, top_p,
                                      stop_at_eos))
+  if goodput:
+    spec = dataclasses.replace(spec, goodput=calibrate(
+        model.params, model.config, ids, drafter.drafter, spec, drafter.params,
+        key=jax.random.key(seed)))
   out = speculative_generate(model.params, model.config, ids, drafter.drafter, spec,
                              drafter.params, jax.random.key(seed), mesh, warmup)
   return _with_texts(model, out)

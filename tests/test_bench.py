@@ -31,7 +31,7 @@ def prompts_file(tmp_path_factory):
 
 
 CFG = BenchConfig(
-    methods=(method("prompt lookup", "prompt-lookup", k=3, max_ngram=2),
+    methods=(method("prompt lookup", "prompt-lookup", k=3, max_ngram=2, goodput=True),
              method("layer skip + exit", "layer-skip", k=3, skip=(1,), exit_threshold=0.3),
              method("draft model tree", "draft-model", k=2, draft_layers=1, tree="full:2,1")),
     target="tiny", suites=("chat",), prompts=1, batch_sizes=(1, 2), temperatures=(0.0,), new_tokens=6)
@@ -52,6 +52,8 @@ def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_pa
     assert max(ar) == pytest.approx(1.0) and min(ar) <= 1.0  # x AR: over the faster AR run
   lookup, skip, tree = rows[1:4]
   assert len(lookup["acceptance"]) == 3 and skip["drafts_per_step"] <= 3
+  assert len(lookup["k_steps"]) == 4 and sum(lookup["k_steps"]) > 0  # goodput: steps by k
+  assert skip["k_steps"] is None and rows[0]["k_steps"] is None
   assert tree["drafts_per_step"] == 4  # the tree's 2 + 2 nodes, checked every step
   assert "step_cost" in lookup and "step_cost" not in rows[6]  # the split: batch 1 only
   assert lookup["verify_cost"] > 0 and rows[0]["verify_cost"] == 1.0
@@ -80,6 +82,7 @@ def test_shipped_sets_load_and_overrides_apply():
 @pytest.mark.parametrize("build, message", [
     (lambda: Method("m", "no-such-drafter"), "unknown drafter 'no-such-drafter'"),
     (lambda: Method("m", None, options={"k": 2}), "autoregressive decoding .* takes no options"),
+    (lambda: Method("m", None, goodput=True), "takes no options, got \\[\\] and goodput=True"),
     (lambda: dataclasses.replace(CFG, methods=(method("a", "prompt-lookup"),) * 2),
      "distinct names"),
     (lambda: dataclasses.replace(CFG, methods=(method("autoregressive", "prompt-lookup"),)),

@@ -94,6 +94,7 @@ MALFORMED = [
      "OnlineConfig.learning_rate must be a finite number > 0, got 0.0"),
     (["serve-bench", "{stream}", "--divergence", "kl"], "argument --divergence: invalid choice"),
     (["serve-bench", "{stream}", "--buffer-policy", "lru"], "argument --buffer-policy: invalid"),
+    (["generate", "--goodput"], "--goodput picks a drafter's draft length; give --drafter"),
     # train
     (["train"], "the following arguments are required: --config"),
     (["train", "--config", "no-such-config.py"], "experiment config 'no-such-config.py' does not"),

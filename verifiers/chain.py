@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from speculax.core import rejection
-from speculax.core.sampling import SamplingConfig, probs
+from speculax.core.sampling import SamplingConfig, probs, sample
 from speculax.core.types import Draft, Verified
 from speculax.verifiers.base import Forward, Verifier, safe_tokens
 
@@ -78,7 +78,8 @@ def verify_chain(
     sampling: SamplingConfig,
     length: jax.Array | None = None,  # [b] int32 in [0, k] drafts to check; None: k
 ) -> tuple[jax.Array, jax.Array]:
-  """Returns (n_accepted [b] int32 in [0, length or k], next_token [b] int32).
+  """Returns (n_accepted [b] int32 in [0, length or k], next_token [b] int32); k = 0 is a plain
+  decoding step (next_token drawn from p at the pending token).
 
   The step emits draft_tokens[:, :n_accepted] followed by next_token: the target's correction
   at the first rejected position, or its bonus token when all checked drafts are kept (drawn
@@ -86,6 +87,9 @@ def verify_chain(
   """
   _check_shapes(target_logits, draft_tokens, draft_probs, sampling)
   k = draft_tokens.shape[1]
+  if k == 0:  # nothing to check: the target's own token at the pending position
+    return jnp.zeros(draft_tokens.shape[:1], jnp.int32), sample(key, target_logits[:, 0],
+                                                                sampling)
   checked = jnp.ones((1, k), bool) if length is None else jnp.arange(k)[None] < length[:, None]
   if sampling.greedy:
     return _verify_greedy(target_logits, draft_tokens, checked)
@@ -104,7 +108,7 @@ def emitted_tokens(
   """
   k = draft_tokens.shape[1]
   pos = jnp.arange(k + 1)[None]  # [1, k+1]
-  padded = jnp.concatenate([draft_tokens, draft_tokens[:, :1]], 1)  # [b, k+1]
+  padded = jnp.pad(draft_tokens, ((0, 0), (0, 1)))  # [b, k+1]
   n = n_accepted[:, None]
   out = jnp.where(pos < n, padded, jnp.where(pos == n, next_token[:, None], -1))
   return out.astype(jnp.int32)  # [b, k+1]
@@ -115,9 +119,9 @@ def _check_shapes(target_logits, draft_tokens, draft_probs, sampling) -> None:
   if target_logits.ndim != 3:
     raise ValueError(f"target_logits must be [b, k+1, v], got shape {target_logits.shape}")
   b, k1, v = target_logits.shape
-  if draft_tokens.shape != (b, k1 - 1) or k1 < 2:
-    raise ValueError(f"draft_tokens must be [b, k] = {(b, k1 - 1)} with k >= 1 to match "
-                     f"target_logits {target_logits.shape}, got shape {draft_tokens.shape}")
+  if draft_tokens.shape != (b, k1 - 1) or k1 < 1:
+    raise ValueError(f"draft_tokens must be [b, k] = {(b, k1 - 1)} to match target_logits "
+                     f"{target_logits.shape}, got shape {draft_tokens.shape}")
   sampling.check_vocab(v)
   if sampling.greedy:
     return

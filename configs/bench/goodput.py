@@ -1,0 +1,21 @@
+"""Goodput-driven draft length (SmartSpec) against fixed k, batch 1 and 8, greedy: prompt lookup
+and the shipped EAGLE drafter, and a drafter that is rarely accepted (a one-layer cut of the
+target as draft model), where goodput should settle on plain decoding.
+speculax bench --config goodput"""
+from speculax.bench.config import BenchConfig, method
+
+EAGLE = "results/drafters/eagle-ttt-smollm2"
+
+BENCH = BenchConfig(
+    methods=(
+        method("prompt lookup k=1", "prompt-lookup", k=1),
+        method("prompt lookup k=4", "prompt-lookup", k=4),
+        method("prompt lookup goodput k<=4", "prompt-lookup", k=4, goodput=True),
+        method("eagle-ttt k=1", "eagle", k=1, heads=EAGLE),
+        method("eagle-ttt k=2", "eagle", k=2, heads=EAGLE),
+        method("eagle-ttt goodput k<=4", "eagle", k=4, heads=EAGLE, goodput=True),
+        method("1-layer cut k=2", "draft-model", k=2, draft_layers=1),
+        method("1-layer cut goodput k<=2", "draft-model", k=2, draft_layers=1, goodput=True),
+    ),
+    suites=("humaneval",), prompts=2, batch_sizes=(1, 8), temperatures=(0.0,), new_tokens=48,
+    step_split=False)

@@ -1,0 +1,90 @@
+"""Goodput-driven draft length (SmartSpec, Liu et al. 2024): each loop step drafts the k in
+0..K that maximises the batch's expected tokens per second, and k = 0 is a plain decoding step
+(no draft, one target token per row).
+
+Expected tokens of a step drafting k: 1 + sum_{j<=k} prod_{i<=j} a_i, with a_i the running
+estimate of P(draft i kept | drafts before it kept), pooled over the batch's active rows;
+its cost: the measured seconds of one loop step drafting k at this batch (`Goodput.step_s`,
+decode/calibrate.py measures it). The choice is an argmax over K + 1 numbers inside the jitted
+loop, and the loop runs the chosen step's own program (lax.switch), so a short draft pays only
+its own drafting and verify forward.
+
+The estimate decays every step towards a prior, also while k = 0 observes nothing, so a drafter
+that stopped paying is tried again now and then (how often: `decay`, `prior`); the choice reads
+only past verify outcomes, so output stays lossless whatever it picks.
+
+Dims: b batch, K the most drafts a step may take.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from speculax.core.fields import Checked, field
+
+
+@dataclasses.dataclass(frozen=True)
+class Goodput(Checked):
+  # [K + 1] seconds of one loop step drafting k = 0..K at the batch it serves (measured).
+  step_s: tuple[float, ...] = field(gt=0)
+  decay: float = field(0.9, gt=0, lt=1)  # weight of the previous step's counts
+  prior: float = field(1.0, gt=0)  # pseudo-steps behind every position's estimate
+  # Their acceptance: optimistic, so every position is tried before its estimate is trusted,
+  # and a k that stopped paying is tried again once its counts have decayed.
+  prior_acceptance: float = field(1.0, gt=0, le=1)
+
+  def __post_init__(self):
+    super().__post_init__()
+    if len(self.step_s) < 2:
+      raise ValueError(f"Goodput.step_s needs the cost of k = 0 and at least k = 1 drafts, got "
+                       f"{self.step_s}")
+
+  @property
+  def max_k(self) -> int:
+    return len(self.step_s) - 1
+
+
+@flax.struct.dataclass
+class GoodputState:
+  kept: jax.Array  # [K] float32 decayed count of row-steps that kept draft i
+  reached: jax.Array  # [K] float32 decayed count of row-steps that checked draft i, all before it kept
+  steps: jax.Array  # [K + 1] int32 loop steps that drafted k
+
+  @classmethod
+  def init(cls, goodput: Goodput) -> GoodputState:
+    k = goodput.max_k
+    return cls(jnp.zeros((k,), jnp.float32), jnp.zeros((k,), jnp.float32),
+               jnp.zeros((k + 1,), jnp.int32))
+
+
+def acceptance(goodput: Goodput, state: GoodputState) -> jax.Array:
+  """[K] estimated P(draft i kept | drafts before it kept)."""
+  return ((state.kept + goodput.prior * goodput.prior_acceptance)
+          / (state.reached + goodput.prior))
+
+
+def expected_tokens(alpha: jax.Array) -> jax.Array:
+  """[K] conditional acceptance -> [K + 1] expected tokens a step drafting k = 0..K emits."""
+  return jnp.concatenate([jnp.ones((1,)), 1 + jnp.cumsum(jnp.cumprod(alpha))])
+
+
+def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
+  """[] int32 the k with the highest expected tokens per second (ties: the shorter)."""
+  rate = expected_tokens(acceptance(goodput, state)) / jnp.asarray(goodput.step_s, jnp.float32)
+  return jnp.argmax(rate).astype(jnp.int32)
+
+
+def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
+            n_accepted: jax.Array, active: jax.Array) -> GoodputState:
+  """After a step that drafted k (static): checked [b] drafts each row's verify looked at (k, or
+  fewer with an adaptive length), n_accepted [b] kept, active [b] rows still decoding."""
+  pos = jnp.arange(goodput.max_k)[None]  # [1, K]
+  reached = active[:, None] & (pos < checked[:, None]) & (pos <= n_accepted[:, None])  # [b, K]
+  kept = reached & (pos < n_accepted[:, None])
+  return state.replace(
+      kept=goodput.decay * state.kept + kept.sum(0),
+      reached=goodput.decay * state.reached + reached.sum(0),
+      steps=state.steps.at[k].add(1))

@@ -1,0 +1,181 @@
+"""Goodput-driven draft length (decode/goodput.py): the choice from estimates and costs, the
+estimate's counts, and the loop that runs a k' in 0..k each step: lossless (greedy equality,
+the sampling law of the first three tokens), a drafter never accepted settles on plain decoding,
+prompt lookup on a self-repeating target drafts long, a draft model left behind by plain steps
+catches up."""
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import test_speculative_sampling as sampling_test
+from test_multi_draft import _target_laws
+
+from speculax.core.sampling import SamplingConfig
+from speculax.core.types import Draft, TargetView, Verified
+from speculax.decode import goodput
+from speculax.decode.calibrate import calibrate
+from speculax.decode.config import SpecConfig
+from speculax.decode.generate import generate
+from speculax.decode.goodput import Goodput, GoodputState
+from speculax.decode.speculative import speculative_generate
+from speculax.drafters.base import Drafter
+from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.prompt_lookup import PromptLookup
+from speculax.drafters.token_recycling import TokenRecycling
+from speculax.models import llama
+
+from tiny_prompts import NEW, PROMPTS
+
+COSTS = (1.0, 1.3, 1.6, 1.9)  # seconds of a step drafting k = 0..3: drafting pays ~0.3 a token
+
+
+def test_choice_follows_acceptance_and_costs():
+  g = Goodput(COSTS)
+  sure = GoodputState(jnp.full((3,), 50.0), jnp.full((3,), 50.0), jnp.zeros((4,), jnp.int32))
+  assert int(goodput.choose(g, sure)) == 3  # all kept: 4 tokens for 1.9 s
+  never = sure.replace(kept=jnp.zeros((3,)))
+  assert int(goodput.choose(g, never)) == 0
+  # a_1 = 0.8 (40 + 1) / (50 + 1), the rest ~0: k = 1 gives 1.8 / 1.3 > 1 / 1.0
+  first = never.replace(kept=jnp.array([40.0 - 0.2, 0.0, 0.0]))
+  assert int(goodput.choose(g, first)) == 1
+  assert int(goodput.choose(Goodput((1.0, 1.9, 2.8, 3.7)), first)) == 0  # drafting too dear
+  np.testing.assert_allclose(goodput.expected_tokens(jnp.array([0.5, 0.5])), [1, 1.5, 1.75])
+
+
+def test_observe_counts_reached_and_kept_positions():
+  g = Goodput(COSTS, decay=0.5)
+  s = GoodputState(jnp.ones((3,)), jnp.full((3,), 2.0), jnp.zeros((4,), jnp.int32))
+  # rows: 0 kept nothing of 3; 1 kept 2 of 3; 2 (adaptive length 1) kept 1; 3 done.
+  s = goodput.observe(g, s, 3, jnp.array([3, 3, 1, 3]), jnp.array([0, 2, 1, 3]),
+                      jnp.array([True, True, True, False]))
+  np.testing.assert_allclose(s.reached, 0.5 * 2 + np.array([3, 1, 1]))  # 1 row reached draft 3
+  np.testing.assert_allclose(s.kept, 0.5 * 1 + np.array([2, 1, 0]))
+  assert s.steps.tolist() == [0, 0, 0, 1]
+
+
+def test_config_checks_name_the_value():
+  with pytest.raises(ValueError, match="step_s"):
+    Goodput((1.0,))
+  with pytest.raises(ValueError, match="step_s"):
+    Goodput((1.0, -2.0))
+  with pytest.raises(ValueError, match="k=2"):
+    SpecConfig(k=2, goodput=Goodput(COSTS))
+
+
+def test_trees_are_refused(tiny):
+  cfg, params = tiny
+  with pytest.raises(ValueError, match="chain"):
+    speculative_generate(params, cfg, [[1, 2, 3]], TokenRecycling(),
+                         SpecConfig(k=3, max_new_tokens=4, goodput=Goodput(COSTS)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Contrary(Drafter):
+  """Proposes one past the target's own greedy token (read with a target forward): a drafter
+  greedy verification never accepts."""
+  name: ClassVar[str] = "contrary"
+  summary: ClassVar[str] = "test drafter"
+
+  def propose(self, params, state, view: TargetView, key, config, k: int, sampling):
+    logits, _, _ = llama.forward(view.params, config, view.pending[:, None],
+                                 (view.lengths - 1)[:, None], view.cache)
+    wrong = (jnp.argmax(logits[:, 0], -1) + 1) % config.vocab_size  # [b]
+    return Draft(jnp.broadcast_to(wrong[:, None], (wrong.shape[0], k)), None), state, view
+
+
+def _run(tiny, drafter, dparams=None, prompts=PROMPTS[:4], new=48, **settings):
+  cfg, params = tiny
+  spec = SpecConfig(k=3, max_new_tokens=new, goodput=Goodput(COSTS, **settings))
+  return speculative_generate(params, cfg, prompts, drafter, spec, drafter_params=dparams)
+
+
+def test_never_accepted_settles_on_plain_decoding(tiny):
+  cfg, params = tiny
+  prompts = PROMPTS[:4]
+  want = generate(params, cfg, prompts, SpecConfig(max_new_tokens=48)).tokens
+  out = _run(tiny, Contrary(), prompts=prompts)
+  assert out.tokens == want
+  assert out.accepted_at.sum() == 0
+  # Optimism tries k = 3 first; then plain steps, and a try now and then as the counts decay.
+  assert out.k_steps[0] >= 0.85 * out.k_steps.sum(), out.k_steps
+
+
+def test_prompt_lookup_on_a_repeating_target_drafts_long(tiny, tiny_reference):
+  """The tiny random target falls into repeating a token or a short cycle, so prompt lookup's
+  drafts are mostly kept: goodput never stops drafting and drafts 2-3 a step. Greedy equality
+  holds."""
+  out = _run(tiny, PromptLookup(max_ngram=3), prompts=PROMPTS, new=NEW)
+  assert out.tokens == [list(t) for t in tiny_reference]
+  assert out.k_steps[0] == 0 and out.mean_k > 2.0, out.k_steps  # of at most 3
+
+
+def test_mixed_lengths_with_a_draft_model_equal_target_only(tiny, tiny_reference):
+  """A draft model of other weights: rarely kept, so steps of every length run, plain ones
+  included (where the draft cache catches up); output is the target's own."""
+  cfg, _ = tiny
+  other = llama.init_params(cfg, jax.random.key(7))
+  out = _run(tiny, DraftModel(cfg), other, prompts=PROMPTS, new=NEW, decay=0.6)
+  assert out.tokens == [list(t) for t in tiny_reference]
+  assert out.k_steps[0] > 0 and out.k_steps[1:].sum() > 0, out.k_steps
+
+
+def test_draft_model_catches_up_after_a_plain_step(tiny):
+  """After a step that drafted nothing, the draft cache holds the verified token's K/V exactly
+  as a prefill over the longer history gives it."""
+  cfg, params = tiny
+  drafter = DraftModel(cfg)
+  dparams = drafter.prepare(params, params, cfg)
+  history = jnp.array([[5, 9, 2, 7, 3, 0, 0, 0], [4, 4, 8, 0, 0, 0, 0, 0]], jnp.int32)
+  lengths = jnp.array([5, 3], jnp.int32)
+  before = TargetView(params, None, history, lengths)
+  state = drafter.init(dparams, before, cfg, 16)
+  # A rejected draft's K/V in the pending token's slot, as after a step that drafted.
+  stale = (jnp.arange(16)[None] >= (lengths - 1)[:, None])[:, None, :, None]  # [b, 1, S, 1]
+  state = state.replace(k=tuple(jnp.where(stale, 1.0, x) for x in state.k),
+                        v=tuple(jnp.where(stale, 1.0, x) for x in state.v))
+  pending = before.pending
+  after = TargetView(params, None, history.at[jnp.arange(2), lengths].set(11), lengths + 1)
+  verified = Verified(block=pending[:, None], logits=jnp.zeros((2, 1, cfg.vocab_size)),
+                      hidden=jnp.zeros((1, 2, 1, cfg.d_model)), path=jnp.zeros((2, 1), jnp.int32),
+                      n_accepted=jnp.zeros((2,), jnp.int32), next_token=jnp.full((2,), 11))
+  got = drafter.update(dparams, state, after, verified)
+  want = drafter.init(dparams, after, cfg, 16)
+  np.testing.assert_array_equal(got.lengths, want.lengths)
+  for layer in range(cfg.n_layers):
+    for row, n in enumerate(lengths.tolist()):  # slots < n: the history before the new pending
+      np.testing.assert_allclose(got.k[layer][row, :, :n], want.k[layer][row, :, :n], atol=1e-5)
+      np.testing.assert_allclose(got.v[layer][row, :, :n], want.v[layer][row, :, :n], atol=1e-5)
+
+
+def test_generated_tokens_follow_target():
+  """The sampling law of the first three tokens through the goodput loop (t = 1, 6000 rows of
+  one prompt): a step of two drafts, then a plain step."""
+  target = llama.init_params(sampling_test.CFG, jax.random.key(1))
+  draft = llama.init_params(sampling_test.CFG, jax.random.key(2))
+  draft = {**draft, "embed": draft["embed"] * 3.0}
+  sampling = SamplingConfig(temperature=1.0)
+  exact = _target_laws(target, sampling)
+  cfg, rows = sampling_test.CFG, sampling_test.ROWS
+  # k = 2 first (optimism: 3 tokens for 2.0), then the measured acceptance makes a plain step
+  # the better buy: one step of each.
+  g = Goodput((1.0, 1.9, 2.0), decay=0.5)
+  out = speculative_generate(target, cfg, [sampling_test.PROMPT] * rows, DraftModel(cfg),
+                             SpecConfig(k=2, max_new_tokens=3, sampling=sampling, goodput=g),
+                             drafter_params=draft, key=jax.random.key(0))
+  toks = np.array(out.tokens)
+  for i in range(3):
+    assert sampling_test._tv(toks[:, i], exact[i]) < sampling_test.BOUND, i
+  assert out.k_steps[0] > 0 and out.k_steps[2] > 0, out.k_steps
+
+
+def test_calibrate_times_every_length(tiny):
+  cfg, params = tiny
+  other = llama.init_params(cfg, jax.random.key(7))
+  g = calibrate(params, cfg, PROMPTS[:2], DraftModel(cfg), SpecConfig(k=2), other,
+                new_tokens=4, decay=0.8)
+  assert len(g.step_s) == 3 and all(s > 0 for s in g.step_s) and g.decay == 0.8
+  with pytest.raises(ValueError, match="new_tokens"):
+    calibrate(params, cfg, PROMPTS[:2], DraftModel(cfg), SpecConfig(k=2), other, new_tokens=1)
