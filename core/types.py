@@ -63,6 +63,12 @@ class Verified:
   next_token: jax.Array  # [b] int32 the target's token after them (correction or bonus)
 
   @property
+  def plain(self) -> bool:
+    """Static: the step checked no drafts (goodput-driven length chose k = 0), so the block is
+    the pending token alone and the drafter proposed nothing for it."""
+    return self.block.shape[1] == 1
+
+  @property
   def kept(self) -> jax.Array:
     """[b, depth] int32 the kept path's tokens (valid up to n_accepted)."""
     return jnp.take_along_axis(self.block, self.path[:, 1:], 1)

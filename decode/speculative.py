@@ -163,9 +163,10 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   drafter_params: arrays the drafter reads (a draft model's weights), or None.
   warmup: compile everything first (the loop runs zero steps), timed apart as compile_s.
   """
-  if spec.goodput is not None and type(drafter.verifier()) is not ChainVerifier:
+  verifier = type(drafter.verifier())
+  if spec.goodput is not None and verifier is not ChainVerifier:
     raise ValueError(f"goodput-driven draft length picks a chain's length; the {drafter.name} "
-                     f"drafter here verifies with {type(drafter.verifier()).__name__}")
+                     f"drafter here verifies with {verifier.__name__}")
   drafter.check(config, drafter_params, spec.k)
   drafter_params = drafter.prepare(drafter_params, params, config)
   # Room past the new tokens: one verify block (k or tree nodes, + 1) after the last.

@@ -89,8 +89,8 @@ class DraftModel(Drafter):
     return Draft(tokens=tokens, probs=q, length=length), state, view
 
   def update(self, params, state: KVCache, view: TargetView, verified: Verified):
-    if verified.block.shape[1] == 1:  # a step with no draft (goodput's k = 0) fed nothing here:
-      # the pending token it verified goes into the draft cache now (no logits needed)
+    if verified.plain:  # propose fed nothing this step: the pending token it verified goes
+      # into the draft cache now (no logits needed)
       b = verified.block.shape[0]
       _, _, state = llama.forward(params, self.config, verified.block, state.lengths[:, None],
                                   state, logits_at=jnp.zeros((b, 0), jnp.int32))

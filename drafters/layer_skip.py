@@ -139,7 +139,7 @@ class LayerSkip(Drafter):
     return draft, state, view.replace(cache=cache)
 
   def update(self, params, state, view: TargetView, verified: Verified):
-    if not self.alternatives or verified.block.shape[1] == 1:  # 1: no set drafted (goodput k=0)
+    if not self.alternatives or verified.plain:  # a plain step: no set drafted
       return state
     active = view.lengths > state.start  # [b] finished rows re-verify stale drafts: not counted
     kept = jnp.where(active, jnp.minimum(verified.n_accepted, state.length), 0)  # [b]
