@@ -44,10 +44,15 @@ def markdown(result: dict) -> str:
   rows = [[r["suite"], r["batch"], r["sampling"], r["method"], r["tau"], acc(r["acceptance"]),
            r["drafts_per_step"], r["tokens_per_s"], r["speedup"], r["speedup_per_tau"], same(r),
            split(r), r["compile_s"], r["drafter_mb"]] for r in result["rows"]]
-  return head + "\n\n" + table(
-      ["suite", "batch", "sampling", "method", "tau", "acceptance by position", "drafts/step",
-       "tok/s", "x AR", "speedup/tau", "same as AR", "step = rest + verify (fwd)", "compile s",
-       "drafter MB"], rows)
+  header = ["suite", "batch", "sampling", "method", "tau", "acceptance by position",
+            "drafts/step", "tok/s", "x AR", "speedup/tau", "same as AR",
+            "step = rest + verify (fwd)", "compile s", "drafter MB"]
+  if any(r.get("k_steps") for r in result["rows"]):  # goodput-driven rows: choices and costs
+    ints = lambda xs, f="{}": "/".join(f.format(x) for x in xs) if xs else "-"
+    header += ["steps drafting 0..k", "calibrated step ms at 0..k"]
+    for row, r in zip(rows, result["rows"]):
+      row += [ints(r.get("k_steps")), ints([s * 1e3 for s in r.get("step_s") or []], "{:.0f}")]
+  return head + "\n\n" + table(header, rows)
 
 
 def main(argv: list[str] | None = None) -> None:

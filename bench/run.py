@@ -74,6 +74,7 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
                  drafter=m.drafter, k=m.k, suite=suite, batch=batch,
                  sampling=sampling_name(temperature), tau=r.tau, acceptance=r.acceptance,
                  drafts_per_step=r.drafts_per_step, k_steps=r.k_steps,
+                 step_s=None if spec.goodput is None else list(spec.goodput.step_s),
                  tokens_per_s=r.tokens_per_s,
                  compile_s=r.compile_s, drafter_mb=params_mb(dparams),
                  peak_memory_mb=_peak_memory_mb(), sequences=len(r.tokens),

@@ -9,8 +9,8 @@ decode/calibrate.py measures it). The choice is an argmax over K + 1 numbers ins
 loop, and the loop runs the chosen step's own program (lax.switch), so a short draft pays only
 its own drafting and verify forward.
 
-The estimate decays every step towards a prior, also while k = 0 observes nothing, so a drafter
-that stopped paying is tried again now and then (how often: `decay`, `prior`); the choice reads
+The estimate decays every step towards a prior (position i's: the estimate of position i - 1),
+also while k = 0 observes nothing, so a drafter that stopped paying is tried again now and then (how often: `decay`, `prior`); the choice reads
 only past verify outcomes, so output stays lossless whatever it picks.
 
 Dims: b batch, K the most drafts a step may take.
@@ -61,9 +61,18 @@ class GoodputState:
 
 
 def acceptance(goodput: Goodput, state: GoodputState) -> jax.Array:
-  """[K] estimated P(draft i kept | drafts before it kept)."""
-  return ((state.kept + goodput.prior * goodput.prior_acceptance)
-          / (state.reached + goodput.prior))
+  """[K] estimated P(draft i kept | drafts before it kept).
+
+  Each position's prior is the estimate of the one before it (the first's: prior_acceptance),
+  so a deep position that short steps rarely reach reads like the shallower ones, not like the
+  optimistic prior: otherwise every long draft looks nearly free of rejections and the loop
+  keeps drafting long with a drafter whose first draft is kept a third of the time.
+  """
+  alphas, before = [], goodput.prior_acceptance
+  for i in range(goodput.max_k):
+    before = (state.kept[i] + goodput.prior * before) / (state.reached[i] + goodput.prior)
+    alphas.append(before)
+  return jnp.stack(alphas)
 
 
 def expected_tokens(alpha: jax.Array) -> jax.Array:

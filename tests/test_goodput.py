@@ -45,6 +45,20 @@ def test_choice_follows_acceptance_and_costs():
   np.testing.assert_allclose(goodput.expected_tokens(jnp.array([0.5, 0.5])), [1, 1.5, 1.75])
 
 
+def test_unreached_positions_read_like_the_one_before():
+  """Draft 1 kept 6 of 20 times, drafts 2-3 never checked: their estimates follow draft 1's
+  (1/3), not the optimistic prior (1), so k = 1 pays (1.33 / 1.3 s) and k = 3 does not
+  (1.48 / 1.9 s; with a prior of 1 on drafts 2-3 it would be 2.0 / 1.9 s, the best)."""
+  g = Goodput(COSTS)
+  s = GoodputState(jnp.array([6.0, 0.0, 0.0]), jnp.array([20.0, 0.0, 0.0]),
+                   jnp.zeros((4,), jnp.int32))
+  np.testing.assert_allclose(goodput.acceptance(g, s), [7 / 21] * 3, rtol=1e-6)
+  assert int(goodput.choose(g, s)) == 1
+  # a reached position weighs its own counts against the one before it: (4 + 1/3) / (5 + 1)
+  deep = s.replace(kept=jnp.array([6.0, 4.0, 0.0]), reached=jnp.array([20.0, 5.0, 0.0]))
+  np.testing.assert_allclose(goodput.acceptance(g, deep)[1], (4 + 1 / 3) / 6, rtol=1e-6)
+
+
 def test_observe_counts_reached_and_kept_positions():
   g = Goodput(COSTS, decay=0.5)
   s = GoodputState(jnp.ones((3,)), jnp.full((3,), 2.0), jnp.zeros((4,), jnp.int32))
@@ -175,7 +189,10 @@ def test_calibrate_times_every_length(tiny):
   cfg, params = tiny
   other = llama.init_params(cfg, jax.random.key(7))
   g = calibrate(params, cfg, PROMPTS[:2], DraftModel(cfg), SpecConfig(k=2), other,
-                new_tokens=4, decay=0.8)
+                new_tokens=4, repeats=2, decay=0.8)
   assert len(g.step_s) == 3 and all(s > 0 for s in g.step_s) and g.decay == 0.8
+  assert list(g.step_s) == sorted(g.step_s)  # a longer draft is never timed cheaper
+  with pytest.raises(ValueError, match="repeats"):
+    calibrate(params, cfg, PROMPTS[:2], DraftModel(cfg), SpecConfig(k=2), other, repeats=0)
   with pytest.raises(ValueError, match="new_tokens"):
     calibrate(params, cfg, PROMPTS[:2], DraftModel(cfg), SpecConfig(k=2), other, new_tokens=1)
