@@ -10,8 +10,9 @@ loop, and the loop runs the chosen step's own program (lax.switch), so a short d
 its own drafting and verify forward.
 
 The estimate decays every step towards a prior (position i's: the estimate of position i - 1),
-also while k = 0 observes nothing, so a drafter that stopped paying is tried again now and then (how often: `decay`, `prior`); the choice reads
-only past verify outcomes, so output stays lossless whatever it picks.
+also while k = 0 observes nothing, so a drafter that stopped paying is tried again now and then
+(how often: `decay`, `prior`); the choice reads only past verify outcomes, so output stays
+lossless whatever it picks.
 
 Dims: b batch, K the most drafts a step may take.
 """
