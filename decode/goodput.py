@@ -9,10 +9,12 @@ decode/calibrate.py measures it). The choice is an argmax over K + 1 numbers ins
 loop, and the loop runs the chosen step's own program (lax.switch), so a short draft pays only
 its own drafting and verify forward.
 
-The estimate decays every step towards a prior (position i's: the estimate of position i - 1),
-also while k = 0 observes nothing, so a drafter that stopped paying is tried again now and then
-(how often: `decay`, `prior`); the choice reads only past verify outcomes, so output stays
-lossless whatever it picks.
+The estimate decays at every step that drafts (older outcomes weigh less), towards a prior
+(position i's: the estimate of position i - 1). A plain step observes nothing and leaves it as
+it is; after `probe_every` plain steps in a row the next step drafts one token, so a drafter
+that stopped paying is re-checked at the price of one short step (not a long draft on a prior
+grown optimistic again), and one that got better is noticed. The choice reads only past verify
+outcomes, so output stays lossless whatever it picks.
 
 Dims: b batch, K the most drafts a step may take.
 """
@@ -31,11 +33,13 @@ from speculax.core.fields import Checked, field
 class Goodput(Checked):
   # [K + 1] seconds of one loop step drafting k = 0..K at the batch it serves (measured).
   step_s: tuple[float, ...] = field(gt=0)
-  decay: float = field(0.9, gt=0, lt=1)  # weight of the previous step's counts
+  decay: float = field(0.9, gt=0, lt=1)  # weight of the counts before a drafting step
   prior: float = field(1.0, gt=0)  # pseudo-steps behind every position's estimate
-  # Their acceptance: optimistic, so every position is tried before its estimate is trusted,
-  # and a k that stopped paying is tried again once its counts have decayed.
+  # The first position's prior acceptance: optimistic, so drafting is tried before its
+  # estimate is trusted (deeper positions' priors follow the position before them).
   prior_acceptance: float = field(1.0, gt=0, le=1)
+  # Plain steps in a row after which the next step drafts one token (a probe of the drafter).
+  probe_every: int = field(16, ge=1)
 
   def __post_init__(self):
     super().__post_init__()
@@ -53,12 +57,13 @@ class GoodputState:
   kept: jax.Array  # [K] float32 decayed count of row-steps that kept draft i
   reached: jax.Array  # [K] float32 decayed count of row-steps that checked draft i, all before it kept
   steps: jax.Array  # [K + 1] int32 loop steps that drafted k
+  plain_run: jax.Array  # [] int32 plain steps since the last one that drafted
 
   @classmethod
   def init(cls, goodput: Goodput) -> GoodputState:
     k = goodput.max_k
     return cls(jnp.zeros((k,), jnp.float32), jnp.zeros((k,), jnp.float32),
-               jnp.zeros((k + 1,), jnp.int32))
+               jnp.zeros((k + 1,), jnp.int32), jnp.zeros((), jnp.int32))
 
 
 def acceptance(goodput: Goodput, state: GoodputState) -> jax.Array:
@@ -82,19 +87,25 @@ def expected_tokens(alpha: jax.Array) -> jax.Array:
 
 
 def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
-  """[] int32 the k with the highest expected tokens per second (ties: the shorter)."""
+  """[] int32 the k with the highest expected tokens per second (ties: the shorter), or 1 after
+  probe_every plain steps in a row."""
   rate = expected_tokens(acceptance(goodput, state)) / jnp.asarray(goodput.step_s, jnp.float32)
-  return jnp.argmax(rate).astype(jnp.int32)
+  best = jnp.argmax(rate).astype(jnp.int32)
+  return jnp.where((best == 0) & (state.plain_run >= goodput.probe_every), 1, best)
 
 
 def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
             n_accepted: jax.Array, active: jax.Array) -> GoodputState:
   """After a step that drafted k (static): checked [b] drafts each row's verify looked at (k, or
-  fewer with an adaptive length), n_accepted [b] kept, active [b] rows still decoding."""
+  fewer with an adaptive length), n_accepted [b] kept, active [b] rows still decoding. A plain
+  step (k = 0) leaves the estimate as it is and counts towards the next probe."""
+  steps = state.steps.at[k].add(1)
+  if k == 0:
+    return state.replace(steps=steps, plain_run=state.plain_run + 1)
   pos = jnp.arange(goodput.max_k)[None]  # [1, K]
   reached = active[:, None] & (pos < checked[:, None]) & (pos <= n_accepted[:, None])  # [b, K]
   kept = reached & (pos < n_accepted[:, None])
   return state.replace(
       kept=goodput.decay * state.kept + kept.sum(0),
       reached=goodput.decay * state.reached + reached.sum(0),
-      steps=state.steps.at[k].add(1))
+      steps=steps, plain_run=jnp.zeros_like(state.plain_run))

@@ -64,7 +64,7 @@ BAD = {
     SpecConfig: {"k": ints(1), "goodput": ("fast", 3, (1.0, 2.0))},
     Goodput: {"step_s": ((1.0,), (1.0, -1.0), [1.0, 2.0], (1.0, NAN), 1.0),
               "decay": numbers(0.0) + (1.0,), "prior": numbers(0.0),
-              "prior_acceptance": numbers(0.0) + (1.5,)},
+              "prior_acceptance": numbers(0.0) + (1.5,), "probe_every": ints(1)},
     StaticTree: {"choices": ("0,1", ((-1,),), (), ((0,), (0, 2.5)))},
     DynamicTree: {"width": ints(1), "depth": ints(1), "children": ints(1)},
     PromptLookup: {"max_ngram": ints(1), "min_ngram": ints(1) + (4,)},  # 4 > max_ngram 3

@@ -34,7 +34,8 @@ COSTS = (1.0, 1.3, 1.6, 1.9)  # seconds of a step drafting k = 0..3: drafting pa
 
 def test_choice_follows_acceptance_and_costs():
   g = Goodput(COSTS)
-  sure = GoodputState(jnp.full((3,), 50.0), jnp.full((3,), 50.0), jnp.zeros((4,), jnp.int32))
+  sure = GoodputState(jnp.full((3,), 50.0), jnp.full((3,), 50.0), jnp.zeros((4,), jnp.int32),
+                      jnp.zeros((), jnp.int32))
   assert int(goodput.choose(g, sure)) == 3  # all kept: 4 tokens for 1.9 s
   never = sure.replace(kept=jnp.zeros((3,)))
   assert int(goodput.choose(g, never)) == 0
@@ -43,6 +44,10 @@ def test_choice_follows_acceptance_and_costs():
   assert int(goodput.choose(g, first)) == 1
   assert int(goodput.choose(Goodput((1.0, 1.9, 2.8, 3.7)), first)) == 0  # drafting too dear
   np.testing.assert_allclose(goodput.expected_tokens(jnp.array([0.5, 0.5])), [1, 1.5, 1.75])
+  # after probe_every plain steps in a row, a one-draft probe whatever the estimate says
+  assert int(goodput.choose(g, never.replace(plain_run=jnp.array(15)))) == 0
+  assert int(goodput.choose(g, never.replace(plain_run=jnp.array(16)))) == 1
+  assert int(goodput.choose(g, sure.replace(plain_run=jnp.array(16)))) == 3  # not cut short
 
 
 def test_unreached_positions_read_like_the_one_before():
@@ -51,7 +56,7 @@ def test_unreached_positions_read_like_the_one_before():
   (1.48 / 1.9 s; with a prior of 1 on drafts 2-3 it would be 2.0 / 1.9 s, the best)."""
   g = Goodput(COSTS)
   s = GoodputState(jnp.array([6.0, 0.0, 0.0]), jnp.array([20.0, 0.0, 0.0]),
-                   jnp.zeros((4,), jnp.int32))
+                   jnp.zeros((4,), jnp.int32), jnp.zeros((), jnp.int32))
   np.testing.assert_allclose(goodput.acceptance(g, s), [7 / 21] * 3, rtol=1e-6)
   assert int(goodput.choose(g, s)) == 1
   # a reached position weighs its own counts against the one before it: (4 + 1/3) / (5 + 1)
@@ -61,13 +66,20 @@ def test_unreached_positions_read_like_the_one_before():
 
 def test_observe_counts_reached_and_kept_positions():
   g = Goodput(COSTS, decay=0.5)
-  s = GoodputState(jnp.ones((3,)), jnp.full((3,), 2.0), jnp.zeros((4,), jnp.int32))
+  s = GoodputState(jnp.ones((3,)), jnp.full((3,), 2.0), jnp.zeros((4,), jnp.int32),
+                   jnp.array(5))
+  # a plain step observes nothing: the counts stay, and it counts towards the next probe
+  plain = goodput.observe(g, s, 0, jnp.zeros((4,), jnp.int32), jnp.zeros((4,), jnp.int32),
+                          jnp.ones((4,), bool))
+  np.testing.assert_allclose(plain.kept, s.kept)
+  np.testing.assert_allclose(plain.reached, s.reached)
+  assert plain.steps.tolist() == [1, 0, 0, 0] and int(plain.plain_run) == 6
   # rows: 0 kept nothing of 3; 1 kept 2 of 3; 2 (adaptive length 1) kept 1; 3 done.
   s = goodput.observe(g, s, 3, jnp.array([3, 3, 1, 3]), jnp.array([0, 2, 1, 3]),
                       jnp.array([True, True, True, False]))
   np.testing.assert_allclose(s.reached, 0.5 * 2 + np.array([3, 1, 1]))  # 1 row reached draft 3
   np.testing.assert_allclose(s.kept, 0.5 * 1 + np.array([2, 1, 0]))
-  assert s.steps.tolist() == [0, 0, 0, 1]
+  assert s.steps.tolist() == [0, 0, 0, 1] and int(s.plain_run) == 0
 
 
 def test_config_checks_name_the_value():
@@ -113,7 +125,7 @@ def test_never_accepted_settles_on_plain_decoding(tiny):
   out = _run(tiny, Contrary(), prompts=prompts)
   assert out.tokens == want
   assert out.accepted_at.sum() == 0
-  # Optimism tries k = 3 first; then plain steps, and a try now and then as the counts decay.
+  # Optimism tries k = 3 first; then plain steps, and a one-draft probe after every 16.
   assert out.k_steps[0] >= 0.85 * out.k_steps.sum(), out.k_steps
 
 
@@ -131,7 +143,7 @@ def test_mixed_lengths_with_a_draft_model_equal_target_only(tiny, tiny_reference
   included (where the draft cache catches up); output is the target's own."""
   cfg, _ = tiny
   other = llama.init_params(cfg, jax.random.key(7))
-  out = _run(tiny, DraftModel(cfg), other, prompts=PROMPTS, new=NEW, decay=0.6)
+  out = _run(tiny, DraftModel(cfg), other, prompts=PROMPTS, new=NEW, decay=0.6, probe_every=2)
   assert out.tokens == [list(t) for t in tiny_reference]
   assert out.k_steps[0] > 0 and out.k_steps[1:].sum() > 0, out.k_steps
 
