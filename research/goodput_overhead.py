@@ -1,9 +1,12 @@
 """What goodput-driven draft length costs when it drafts nothing: the goodput loop forced to
 k' = 0 on every step (a cost model where any draft is dear) against the autoregressive loop,
 and a fixed one-draft step for scale, on the same prompts one at a time, interleaved, compile
-apart. Prints the median milliseconds of a loop step (prefill apart) and writes JSON.
+apart. The drafter still sees every plain step (a draft model or EAGLE feeds the verified token
+into its own cache), so its share shows here. Prints the median milliseconds of a loop step
+(prefill apart) and writes JSON.
 
   .venv/bin/python -m speculax.research.goodput_overhead [--prompts 2] [--repeats 3]
+      [--heads results/drafters/eagle-ttt-smollm2]
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.goodput import Goodput
 from speculax.decode.speculative import speculative_generate
+from speculax.drafters import registry
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models.assets import humaneval_prompts
 from speculax.models.load import load
@@ -30,21 +34,28 @@ def main(argv: list[str] | None = None) -> None:
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--new-tokens", type=int, default=48)
   ap.add_argument("-k", type=int, default=4, help="the most a goodput step may draft")
+  ap.add_argument("--heads", default=None,
+                  help="a trained drafter's run folder (default: prompt lookup)")
   args = ap.parse_args(argv)
   model = load(args.model)
+  drafter, dparams = PromptLookup(), None
+  if args.heads:
+    loaded = registry.load(args.heads, model)
+    drafter, dparams = loaded.drafter, loaded.params
   tok = model.tokenizer
   ids = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(5 + args.prompts)[5:]]
   base = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=())
-  # Drafting k >= 1 costs 1000x a plain step and the prior expects nothing kept: always k' = 0.
+  # Drafting k >= 1 costs 1000x a plain step, the prior expects nothing kept and no probe
+  # comes: always k' = 0.
   plain_only = dataclasses.replace(base, goodput=Goodput(
-      (1e-3,) + (1.0,) * args.k, prior=1e-6, prior_acceptance=1e-6))
+      (1e-3,) + (1.0,) * args.k, prior=1e-6, prior_acceptance=1e-6, probe_every=10**9))
   runs = {
       "autoregressive loop": lambda p: generate(model.params, model.config, [p], base,
                                                 warmup=True),
       "goodput loop, k' = 0 every step": lambda p: speculative_generate(
-          model.params, model.config, [p], PromptLookup(), plain_only, warmup=True),
-      "prompt lookup, k = 1": lambda p: speculative_generate(
-          model.params, model.config, [p], PromptLookup(), dataclasses.replace(base, k=1),
+          model.params, model.config, [p], drafter, plain_only, dparams, warmup=True),
+      f"{drafter.name}, k = 1": lambda p: speculative_generate(
+          model.params, model.config, [p], drafter, dataclasses.replace(base, k=1), dparams,
           warmup=True),
   }
   step_ms = {name: [] for name in runs}
@@ -56,13 +67,15 @@ def main(argv: list[str] | None = None) -> None:
           raise RuntimeError(f"the forced loop drafted: k_steps {out.k_steps.tolist()}")
         step_ms[name].append(1e3 * out.decode_s / max(out.forwards - 1, 1))
   ar = median(step_ms["autoregressive loop"])
-  result = dict(machine=machine(), prompts=args.prompts, repeats=args.repeats,
+  result = dict(machine=machine(), drafter=args.heads or "prompt lookup",
+                prompts=args.prompts, repeats=args.repeats,
                 new_tokens=args.new_tokens, step_ms=step_ms,
                 median_ms={n: median(v) for n, v in step_ms.items()})
   print(table(["loop", "median ms a step", "x the autoregressive step"],
               [[n, m, m / ar] for n, m in result["median_ms"].items()]))
   args.out.mkdir(parents=True, exist_ok=True)
-  (args.out / "goodput_overhead.json").write_text(json.dumps(result, indent=1) + "\n")
+  name = "goodput_overhead" + ("" if not args.heads else f"_{drafter.name}")
+  (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
