@@ -33,13 +33,11 @@ def calibrate(params, config: LlamaConfig, prompts, drafter: Drafter, spec: Spec
     raise ValueError(f"calibrate needs repeats >= 1, got {repeats}")
   base = dataclasses.replace(spec, max_new_tokens=new_tokens, eos_ids=(), goodput=None)
 
-  def per_step(k):  # the loop's seconds per target forward (the prefill is timed apart)
+  def per_step(k):  # seconds of one loop step drafting k
     if k == 0:
-      out = generate(params, config, prompts, base, key, warmup=True)
-    else:
-      out = speculative_generate(params, config, prompts, drafter,
-                                 dataclasses.replace(base, k=k), drafter_params, key, warmup=True)
-    return out.decode_s / max(out.forwards - 1, 1)
+      return generate(params, config, prompts, base, key, warmup=True).step_s
+    return speculative_generate(params, config, prompts, drafter, dataclasses.replace(base, k=k),
+                                drafter_params, key, warmup=True).step_s
 
   times = np.array([[per_step(k) for k in range(spec.k + 1)] for _ in range(repeats)])
   step_s = np.maximum.accumulate(np.median(times, axis=0))  # [K + 1]

@@ -42,6 +42,12 @@ class DecodeOutput:
     return self.new_tokens / self.wall_s
 
   @property
+  def step_s(self) -> float:
+    """Seconds of one loop step: the decode loop's wall time per target forward after the
+    prefill (which is timed apart)."""
+    return self.decode_s / max(self.forwards - 1, 1)
+
+  @property
   def tau(self) -> float:
     """Mean tokens emitted per verify step per sequence (1.0 for autoregressive decoding); the
     first new token, which the prefill gives, is not counted."""

@@ -88,9 +88,8 @@ SMOKE = Sizes(batches=(1, 2), new_tokens=8, big="tiny-untied-llama3", forward_to
 def step_seconds(model: LoadedModel, batch: int, new_tokens: int) -> float:
   """Seconds per decode step of the jitted loop (compiled first), batch prompts of 32 tokens."""
   prompts = [[(7 * i + j) % model.config.vocab_size for j in range(32)] for i in range(batch)]
-  out = generate(model.params, model.config, prompts, GenerateConfig(max_new_tokens=new_tokens),
-                 warmup=True)
-  return out.decode_s / (out.forwards - 1)
+  return generate(model.params, model.config, prompts, GenerateConfig(max_new_tokens=new_tokens),
+                  warmup=True).step_s
 
 
 def launch_model(model: LoadedModel) -> LoadedModel:
