@@ -54,12 +54,13 @@ class Run:
 
 
 def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int = 1,
-                hot: bool = False) -> Run:
+                hot: bool = False, step_costs=None) -> Run:
   """One method over the prompts decoded `batch` at a time (drafter None = autoregressive).
   Every batch compiles apart first (warmup; a no-op when its shapes were compiled already):
   batches in another prompt-length bucket recompile.
 
   hot: each batch starts from the drafter state the previous one ended with (as params).
+  step_costs: goodput-driven runs' step costs (decode/calibrate.py).
   """
   wall = n_tokens = row_steps = step_tokens = compile_s = accepted = drafted = steps = decode = 0
   tokens, k_steps = [], None
@@ -69,7 +70,8 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
       out = generate(model.params, model.config, chunk, spec, key, warmup=True)
     else:
       out = speculative_generate(model.params, model.config, chunk, drafter, spec,
-                                 drafter_params=dparams, key=key, warmup=True)
+                                 drafter_params=dparams, key=key, warmup=True,
+                                 step_costs=step_costs)
       if hot:
         dparams = out.drafter_state
       row_steps, step_tokens = row_steps + out.row_steps, step_tokens + out.step_tokens

@@ -51,7 +51,7 @@ def markdown(result: dict) -> str:
     ints = lambda xs, f="{}": "/".join(f.format(x) for x in xs) if xs else "-"
     header += ["steps drafting 0..k", "calibrated step ms at 0..k"]
     for row, r in zip(rows, result["rows"]):
-      row += [ints(r.get("k_steps")), ints([s * 1e3 for s in r.get("step_s") or []], "{:.0f}")]
+      row += [ints(r.get("k_steps")), ints([s * 1e3 for s in r.get("step_costs") or []], "{:.0f}")]
   return head + "\n\n" + table(header, rows)
 
 

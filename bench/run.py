@@ -9,7 +9,6 @@ alone for that many tokens) and the rest (drafting and the loop's own work).
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import pathlib
@@ -26,6 +25,7 @@ from speculax.bench.methods import build_drafter, params_mb
 from speculax.core.sampling import SamplingConfig
 from speculax.decode.calibrate import calibrate
 from speculax.decode.config import SpecConfig
+from speculax.decode.goodput import Goodput
 from speculax.models import load as load_lib
 
 
@@ -63,18 +63,18 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
     for i, m in enumerate(order):
       drafter, dparams = built.get(m.name, (None, None))
       spec = SpecConfig(k=m.k, max_new_tokens=cfg.new_tokens,
-                        sampling=SamplingConfig(temperature=temperature))
-      if m.goodput:
-        spec = dataclasses.replace(spec, goodput=calibrate(
-            model.params, model.config, chunk[:batch], drafter, spec, dparams))
+                        sampling=SamplingConfig(temperature=temperature),
+                        goodput=Goodput() if m.goodput else None)
       bar.set_postfix_str(f"{suite} b{batch} {sampling_name(temperature)}: {m.name}")
-      r = run_prompts(model, chunk, drafter, dparams, spec, batch, hot=m.hot)
+      costs = None if not m.goodput else calibrate(
+          model.params, model.config, chunk[:batch], drafter, spec, dparams)
+      r = run_prompts(model, chunk, drafter, dparams, spec, batch, hot=m.hot, step_costs=costs)
       reference = reference or r.tokens
       row = dict(method=m.name if i < len(order) - 1 else f"{m.name}, again",
                  drafter=m.drafter, k=m.k, suite=suite, batch=batch,
                  sampling=sampling_name(temperature), tau=r.tau, acceptance=r.acceptance,
                  drafts_per_step=r.drafts_per_step, k_steps=r.k_steps,
-                 step_s=None if spec.goodput is None else list(spec.goodput.step_s),
+                 step_costs=None if costs is None else costs.tolist(),
                  tokens_per_s=r.tokens_per_s,
                  compile_s=r.compile_s, drafter_mb=params_mb(dparams),
                  peak_memory_mb=_peak_memory_mb(), sequences=len(r.tokens),

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -24,6 +23,7 @@ from speculax.core.sampling import SamplingConfig
 from speculax.decode.calibrate import calibrate
 from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
+from speculax.decode.goodput import Goodput
 from speculax.decode.speculative import speculative_generate
 from speculax.models.sharding import MeshConfig
 
@@ -113,14 +113,16 @@ def run(args) -> int:
     out = generate(model.params, model.config, prompts, gen, key, mesh=mesh, warmup=True)
   else:
     spec = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling,
-                      eos_ids=tok.eos_ids)
+                      eos_ids=tok.eos_ids, goodput=Goodput() if args.goodput else None)
+    costs = None
     if args.goodput:
-      spec = dataclasses.replace(spec, goodput=calibrate(model.params, model.config, prompts,
-                                                         drafter, spec, dparams, key=key))
+      costs = calibrate(model.params, model.config, prompts, drafter, spec, dparams, key=key,
+                        mesh=mesh)
       print("goodput: seconds per step drafting k = 0..{}: {}".format(
-          args.k, " ".join(f"{s:.4f}" for s in spec.goodput.step_s)), file=sys.stderr)
+          args.k, " ".join(f"{s:.4f}" for s in costs)), file=sys.stderr)
     out = speculative_generate(model.params, model.config, prompts, drafter, spec,
-                               drafter_params=dparams, key=key, mesh=mesh, warmup=True)
+                               drafter_params=dparams, key=key, mesh=mesh, warmup=True,
+                               step_costs=costs)
   texts = [tok.decode(ids) for ids in out.tokens]
   if args.json:
     print(json.dumps({"drafter": args.drafter, "prompts": [x["prompt"] for x in items],

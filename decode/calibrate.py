@@ -1,7 +1,12 @@
 """The cost model of goodput-driven draft length (decode/goodput.py), measured: seconds of one
-loop step drafting k = 0..K, at the batch and on the prompts it will serve (k = 0 timed as
-plain decoding; each k its own compiled loop, compiling not timed; the median of a few
-interleaved runs)."""
+loop step drafting k = 0..K, at the batch and on the prompts it will serve.
+
+Each length is timed in the serving loop itself (the same static config and shapes, so one
+compile serves calibration and decoding), forced to that length by a cost vector in which only
+it is finite, over a short run (`new_tokens`, below the serving budget). Every branch of the
+loop so runs before it is served: the first execution of a branch is slow on some backends
+(XLA:CPU packs a matmul's weights on first use), which a zero-step warm-up does not reach.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -10,35 +15,36 @@ import jax
 import numpy as np
 
 from speculax.decode.config import SpecConfig
-from speculax.decode.generate import generate
 from speculax.decode.goodput import Goodput
 from speculax.decode.speculative import speculative_generate
 from speculax.drafters.base import Drafter
 from speculax.models.config import LlamaConfig
+from speculax.models.sharding import MeshConfig
 
 
 def calibrate(params, config: LlamaConfig, prompts, drafter: Drafter, spec: SpecConfig,
               drafter_params=None, new_tokens: int = 24, key: jax.Array | None = None,
-              repeats: int = 3, **settings) -> Goodput:
-  """Goodput(step_s) for steps of up to spec.k drafts, timed on `prompts` (a batch as it will be
-  served) over `new_tokens` each; settings: Goodput's other fields (decay, prior, ...).
+              repeats: int = 3, mesh: MeshConfig | None = None) -> np.ndarray:
+  """[spec.k + 1] seconds of one loop step drafting 0..spec.k, timed on `prompts` (a batch as
+  it will be served) over min(new_tokens, spec.max_new_tokens) each, in spec's goodput loop
+  (Goodput() when spec has none) on `mesh`: pass them as speculative_generate's step_costs.
 
   Each k is timed `repeats` times, the lengths interleaved (0..K, then again), and the median
   taken, so a drifting machine does not make one k look cheap; then a longer draft never costs
   less than a shorter one (it drafts more and verifies more: a cheaper reading is noise).
   """
-  if new_tokens < 2:
-    raise ValueError(f"calibrate needs new_tokens >= 2 to time a loop step, got {new_tokens}")
+  n = min(new_tokens, spec.max_new_tokens)
+  if n < 2:
+    raise ValueError(f"calibrate needs at least 2 new tokens to time a loop step, got "
+                     f"new_tokens={new_tokens} with spec.max_new_tokens={spec.max_new_tokens}")
   if repeats < 1:
     raise ValueError(f"calibrate needs repeats >= 1, got {repeats}")
-  base = dataclasses.replace(spec, max_new_tokens=new_tokens, eos_ids=(), goodput=None)
+  spec = spec if spec.goodput is not None else dataclasses.replace(spec, goodput=Goodput())
 
   def per_step(k):  # seconds of one loop step drafting k
-    if k == 0:
-      return generate(params, config, prompts, base, key, warmup=True).step_s
-    return speculative_generate(params, config, prompts, drafter, dataclasses.replace(base, k=k),
-                                drafter_params, key, warmup=True).step_s
+    only = np.where(np.arange(spec.k + 1) == k, 1.0, np.inf)  # forces k
+    return speculative_generate(params, config, prompts, drafter, spec, drafter_params, key,
+                                mesh, warmup=True, step_costs=only, new_tokens=n).step_s
 
   times = np.array([[per_step(k) for k in range(spec.k + 1)] for _ in range(repeats)])
-  step_s = np.maximum.accumulate(np.median(times, axis=0))  # [K + 1]
-  return Goodput(tuple(float(s) for s in step_s), **settings)
+  return np.maximum.accumulate(np.median(times, axis=0)).astype(np.float32)  # [K + 1]

@@ -30,11 +30,6 @@ class SpecConfig(GenerateConfig):
   """GenerateConfig plus the number of draft tokens per verify step."""
   k: int = field(5, ge=1)
   # Goodput-driven draft length (decode/goodput.py): each step drafts the k' in 0..k with the
-  # most expected tokens per second; None: always k.
+  # most expected tokens per second, by this policy and the step costs the run is given (data,
+  # not config: decode/calibrate.py measures them); None: always k.
   goodput: Goodput | None = None
-
-  def __post_init__(self):
-    super().__post_init__()
-    if self.goodput is not None and self.goodput.max_k != self.k:
-      raise ValueError(f"SpecConfig.goodput measures steps of up to {self.goodput.max_k} drafts "
-                       f"but k={self.k}: calibrate it for this k")

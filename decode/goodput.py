@@ -4,16 +4,20 @@
 
 Expected tokens of a step drafting k: 1 + sum_{j<=k} prod_{i<=j} a_i, with a_i the running
 estimate of P(draft i kept | drafts before it kept), pooled over the batch's active rows;
-its cost: the measured seconds of one loop step drafting k at this batch (`Goodput.step_s`,
-decode/calibrate.py measures it). The choice is an argmax over K + 1 numbers inside the jitted
-loop, and the loop runs the chosen step's own program (lax.switch), so a short draft pays only
-its own drafting and verify forward.
+its cost: the measured seconds of one loop step drafting k at this batch (the step costs,
+decode/calibrate.py measures them). The costs are data of the loop state, not of its static
+config: one compiled loop serves any costs, so calibration times the serving loop itself and
+a measured cost vector is reused across calls. A cost of +inf takes that length out of the
+choice (calibration forces one length at a time this way). The choice is an argmax over K + 1
+numbers inside the jitted loop, and the loop runs the chosen step's own program (lax.switch),
+so a short draft pays only its own drafting and verify forward.
 
 The estimate decays at every step that drafts (older outcomes weigh less), towards a prior
 (position i's: the estimate of position i - 1). A plain step observes nothing and leaves it as
 it is; after `probe_every` plain steps in a row the next step drafts one token, so a drafter
 that stopped paying is re-checked at the price of one short step (not a long draft on a prior
-grown optimistic again), and one that got better is noticed. The choice reads only past verify
+grown optimistic again), and one that got better is noticed (the probe takes the shortest
+drafting length whose cost is finite). The choice reads only past verify
 outcomes, so output stays lossless whatever it picks.
 
 Dims: b batch, K the most drafts a step may take.
@@ -25,14 +29,14 @@ import dataclasses
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from speculax.core.fields import Checked, field
 
 
 @dataclasses.dataclass(frozen=True)
 class Goodput(Checked):
-  # [K + 1] seconds of one loop step drafting k = 0..K at the batch it serves (measured).
-  step_s: tuple[float, ...] = field(gt=0)
+  """The policy (static: part of the compiled loop); the step costs it weighs are data."""
   decay: float = field(0.9, gt=0, lt=1)  # weight of the counts before a drafting step
   prior: float = field(1.0, gt=0)  # pseudo-steps behind every position's estimate
   # The first position's prior acceptance: optimistic, so drafting is tried before its
@@ -41,15 +45,18 @@ class Goodput(Checked):
   # Plain steps in a row after which the next step drafts one token (a probe of the drafter).
   probe_every: int = field(16, ge=1)
 
-  def __post_init__(self):
-    super().__post_init__()
-    if len(self.step_s) < 2:
-      raise ValueError(f"Goodput.step_s needs the cost of k = 0 and at least k = 1 drafts, got "
-                       f"{self.step_s}")
 
-  @property
-  def max_k(self) -> int:
-    return len(self.step_s) - 1
+def step_costs(costs, k: int) -> np.ndarray:
+  """[k + 1] float32 seconds of one loop step drafting 0..k, checked: positive, no NaN, +inf
+  only for lengths the loop must not take, at least one length it may."""
+  c = np.asarray(costs, np.float64)
+  if c.shape != (k + 1,):
+    raise ValueError(f"goodput step costs must hold the seconds of a step drafting 0..k={k} "
+                     f"({k + 1} numbers), got shape {c.shape}: {costs}")
+  if np.isnan(c).any() or (c <= 0).any() or not np.isfinite(c).any():
+    raise ValueError(f"goodput step costs must be > 0 seconds (+inf: never take that length) "
+                     f"with at least one finite, got {costs}")
+  return c.astype(np.float32)
 
 
 @flax.struct.dataclass
@@ -58,12 +65,14 @@ class GoodputState:
   reached: jax.Array  # [K] float32 decayed count of row-steps that checked draft i, all before it kept
   steps: jax.Array  # [K + 1] int32 loop steps that drafted k
   plain_run: jax.Array  # [] int32 plain steps since the last one that drafted
+  step_costs: jax.Array  # [K + 1] float32 seconds of a step drafting k (+inf: never)
 
   @classmethod
-  def init(cls, goodput: Goodput) -> GoodputState:
-    k = goodput.max_k
+  def init(cls, step_costs: jax.Array) -> GoodputState:
+    k = step_costs.shape[0] - 1
     return cls(jnp.zeros((k,), jnp.float32), jnp.zeros((k,), jnp.float32),
-               jnp.zeros((k + 1,), jnp.int32), jnp.zeros((), jnp.int32))
+               jnp.zeros((k + 1,), jnp.int32), jnp.zeros((), jnp.int32),
+               jnp.asarray(step_costs, jnp.float32))
 
 
 def acceptance(goodput: Goodput, state: GoodputState) -> jax.Array:
@@ -75,7 +84,7 @@ def acceptance(goodput: Goodput, state: GoodputState) -> jax.Array:
   keeps drafting long with a drafter whose first draft is kept a third of the time.
   """
   alphas, before = [], goodput.prior_acceptance
-  for i in range(goodput.max_k):
+  for i in range(state.kept.shape[0]):
     before = (state.kept[i] + goodput.prior * before) / (state.reached[i] + goodput.prior)
     alphas.append(before)
   return jnp.stack(alphas)
@@ -87,11 +96,14 @@ def expected_tokens(alpha: jax.Array) -> jax.Array:
 
 
 def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
-  """[] int32 the k with the highest expected tokens per second (ties: the shorter), or 1 after
-  probe_every plain steps in a row."""
-  rate = expected_tokens(acceptance(goodput, state)) / jnp.asarray(goodput.step_s, jnp.float32)
+  """[] int32 the k with the highest expected tokens per second (ties: the shorter; a length
+  of infinite cost rates 0), or after probe_every plain steps in a row the shortest drafting
+  length of finite cost."""
+  rate = expected_tokens(acceptance(goodput, state)) / state.step_costs
   best = jnp.argmax(rate).astype(jnp.int32)
-  return jnp.where((best == 0) & (state.plain_run >= goodput.probe_every), 1, best)
+  may_draft = jnp.isfinite(state.step_costs[1:])  # [K]
+  probe = (best == 0) & (state.plain_run >= goodput.probe_every) & may_draft.any()
+  return jnp.where(probe, 1 + jnp.argmax(may_draft).astype(jnp.int32), best)
 
 
 def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
@@ -102,7 +114,7 @@ def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
   steps = state.steps.at[k].add(1)
   if k == 0:
     return state.replace(steps=steps, plain_run=state.plain_run + 1)
-  pos = jnp.arange(goodput.max_k)[None]  # [1, K]
+  pos = jnp.arange(state.kept.shape[0])[None]  # [1, K]
   reached = active[:, None] & (pos < checked[:, None]) & (pos <= n_accepted[:, None])  # [b, K]
   kept = reached & (pos < n_accepted[:, None])
   return state.replace(

@@ -26,6 +26,9 @@ class DecodeOutput:
   drafted: int = 0  # draft tokens the target checked (k per step, fewer with adaptive length)
   # Goodput-driven draft length only: [k + 1] loop steps that drafted 0..k (None: always k).
   k_steps: np.ndarray | None = None
+  # Goodput-driven only: [k + 1] the step costs it weighed (seconds of a step drafting 0..k),
+  # to pass again (sx.speculate(goodput=out.step_costs)) instead of recalibrating.
+  step_costs: np.ndarray | None = None
   drafter_state: Any = None  # the drafter's final state (e.g. a Token Recycling matrix to reuse)
   texts: list[str] | None = None  # the new tokens decoded, when the caller had a tokenizer
 
@@ -76,7 +79,8 @@ class DecodeOutput:
                 prefill_s=self.prefill_s, decode_s=self.decode_s, compile_s=self.compile_s,
                 forwards=self.forwards, tau=self.tau, acceptance=self.acceptance.tolist(),
                 drafts_per_step=self.draft_length,
-                k_steps=None if self.k_steps is None else self.k_steps.tolist())
+                k_steps=None if self.k_steps is None else self.k_steps.tolist(),
+                step_costs=None if self.step_costs is None else self.step_costs.tolist())
 
   def summary(self) -> str:
     acc = " ".join(f"{a:.2f}" for a in self.acceptance)

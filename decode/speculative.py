@@ -46,7 +46,10 @@ class SpecState:
   step_tokens: jax.Array  # [] int32 tokens those steps emitted
   accepted_at: jax.Array  # [k] int32 active sequences whose draft i was accepted
   drafted: jax.Array  # [] int32 draft tokens the target checked, summed over active sequences
-  goodput: goodput.GoodputState | None  # spec.goodput's acceptance estimate and k counts
+  goodput: goodput.GoodputState | None  # spec.goodput's acceptance estimate, k counts, costs
+  # [] int32 the most new tokens a row makes in this run (<= spec.max_new_tokens, which sizes
+  # the buffers): a shorter run (calibration) reuses the compiled serving loop.
+  budget: jax.Array
 
 
 def block_shape(drafter: Drafter, spec: SpecConfig) -> tuple[int, int]:
@@ -99,7 +102,7 @@ def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Draft
   width = out.shape[1]
   checked = draft.tokens.shape[1] if draft.length is None else draft.length  # [] or [b]
   active = ~s.done
-  n_emit, hit_eos = _stop(out, n_acc + 1, s.n_out, spec.max_new_tokens, spec.eos_ids)
+  n_emit, hit_eos = _stop(out, n_acc + 1, s.n_out, s.budget, spec.eos_ids)
   n_emit = jnp.where(active, n_emit, 0)  # [b] tokens this step emits (the budget or an EOS may
   # cut the accepted block: only the emitted ones count in tau and acceptance)
   slots = s.lengths[:, None] + jnp.arange(width)[None]
@@ -116,7 +119,7 @@ def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Draft
       spec.goodput, s.goodput, k, jnp.broadcast_to(checked, (b,)), n_acc, active)
   return s.replace(
       cache=cache, history=history, lengths=lengths, n_out=n_out, drafter=dstate, key=key,
-      done=s.done | (active & hit_eos) | (n_out >= spec.max_new_tokens),
+      done=s.done | (active & hit_eos) | (n_out >= s.budget),
       forwards=s.forwards + 1, row_steps=s.row_steps + active.sum(),
       step_tokens=s.step_tokens + n_emit.sum(), accepted_at=accepted_at,
       drafted=s.drafted + jnp.where(active, checked, 0).sum(), goodput=gstate)
@@ -131,16 +134,17 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "drafter", "max_len"))
 def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidden, cache, key,
-           max_len, done):
+           max_len, done, step_costs, budget):
   """First token from the prefill logits, the history buffer and the drafter's state (which
-  may read the prefill's hidden states)."""
+  may read the prefill's hidden states); step_costs [k + 1] (goodput runs, else None) and
+  budget [] int32 are the run's data."""
   b = tokens.shape[0]
   key, sub = jax.random.split(key)
   first = sample(sub, logits, spec.sampling)
   history = jnp.zeros((b, max_len), jnp.int32).at[:, :tokens.shape[1]].set(tokens)
   history = history.at[jnp.arange(b), lengths].set(first)
   n_out = jnp.ones((b,), jnp.int32)
-  stop = (n_out >= spec.max_new_tokens) | done
+  stop = (n_out >= budget) | done
   if spec.eos_ids:
     stop |= jnp.isin(first, jnp.asarray(spec.eos_ids, jnp.int32))
   view = TargetView(params, cache, history, lengths + 1, prompt_hidden=hidden)
@@ -151,28 +155,44 @@ def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidd
       step_tokens=jnp.zeros((), jnp.int32),
       accepted_at=jnp.zeros((block_shape(drafter, spec)[1],), jnp.int32),
       drafted=jnp.zeros((), jnp.int32),
-      goodput=None if spec.goodput is None else goodput.GoodputState.init(spec.goodput))
+      goodput=None if spec.goodput is None else goodput.GoodputState.init(step_costs),
+      budget=budget)
 
 
 def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
                          spec: SpecConfig = SpecConfig(), drafter_params=None,
                          key: jax.Array | None = None, mesh: MeshConfig | None = None,
-                         warmup: bool = False) -> DecodeOutput:
+                         warmup: bool = False, step_costs=None,
+                         new_tokens: int | None = None) -> DecodeOutput:
   """Speculative decoding of a batch of prompts (lists of token ids) with `drafter`.
 
   drafter_params: arrays the drafter reads (a draft model's weights), or None.
   warmup: compile everything first (the loop runs zero steps), timed apart as compile_s.
+  step_costs: with spec.goodput (and only then), [k + 1] seconds of one loop step drafting
+  0..k (decode/calibrate.py; +inf: never that length).
+  new_tokens: this run's most new tokens per prompt (None: spec.max_new_tokens, which sizes
+  the compiled loop; fewer reuse it).
   """
   verifier = type(drafter.verifier())
   if spec.goodput is not None and verifier is not ChainVerifier:
     raise ValueError(f"goodput-driven draft length picks a chain's length; the {drafter.name} "
                      f"drafter here verifies with {verifier.__name__}")
+  if (spec.goodput is None) != (step_costs is None):
+    raise ValueError("step_costs go with spec.goodput and only with it (decode/calibrate.py "
+                     f"measures them); got goodput={spec.goodput} and step_costs={step_costs}")
+  costs = None if step_costs is None else goodput.step_costs(step_costs, spec.k)
+  budget = spec.max_new_tokens if new_tokens is None else new_tokens
+  if not 1 <= budget <= spec.max_new_tokens:
+    raise ValueError(f"new_tokens must be in [1, spec.max_new_tokens={spec.max_new_tokens}], "
+                     f"got {new_tokens}")
+  budget = jnp.asarray(budget, jnp.int32)
   drafter.check(config, drafter_params, spec.k)
   drafter_params = drafter.prepare(drafter_params, params, config)
   # Room past the new tokens: one verify block (k or tree nodes, + 1) after the last.
   program = engine.Program(
       extra_slots=block_shape(drafter, spec)[0] + 1, hidden_layers=drafter.hidden_layers,
-      start=lambda params, *args: _start(params, drafter_params, config, spec, drafter, *args),
+      start=lambda params, *args: _start(params, drafter_params, config, spec, drafter, *args,
+                                         step_costs=costs, budget=budget),
       loop=lambda params, state: spec_loop(params, drafter_params, config, spec, drafter, state),
       new_tokens=lambda s: (s.history, s.lengths - s.n_out, s.n_out))
   state, out = engine.run(params, config, prompts, spec, program, key, mesh, warmup)
@@ -180,4 +200,5 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
       out, row_steps=int(state.row_steps), step_tokens=int(state.step_tokens),
       accepted_at=np.asarray(state.accepted_at), drafted=int(state.drafted),
       k_steps=None if state.goodput is None else np.asarray(state.goodput.steps),
+      step_costs=costs,
       drafter_state=state.drafter)

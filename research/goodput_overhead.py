@@ -45,15 +45,14 @@ def main(argv: list[str] | None = None) -> None:
   tok = model.tokenizer
   ids = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(5 + args.prompts)[5:]]
   base = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=())
-  # Drafting k >= 1 costs 1000x a plain step, the prior expects nothing kept and no probe
-  # comes: always k' = 0.
-  plain_only = dataclasses.replace(base, goodput=Goodput(
-      (1e-3,) + (1.0,) * args.k, prior=1e-6, prior_acceptance=1e-6, probe_every=10**9))
+  goodput = dataclasses.replace(base, goodput=Goodput())
+  plain_only = [1.0] + [float("inf")] * args.k  # step costs that leave only k' = 0, no probe
   runs = {
       "autoregressive loop": lambda p: generate(model.params, model.config, [p], base,
                                                 warmup=True),
       "goodput loop, k' = 0 every step": lambda p: speculative_generate(
-          model.params, model.config, [p], drafter, plain_only, dparams, warmup=True),
+          model.params, model.config, [p], drafter, goodput, dparams, warmup=True,
+          step_costs=plain_only),
       f"{drafter.name}, k = 1": lambda p: speculative_generate(
           model.params, model.config, [p], drafter, dataclasses.replace(base, k=1), dparams,
           warmup=True),

@@ -22,6 +22,7 @@ from speculax.core.sampling import SamplingConfig
 from speculax.decode.calibrate import calibrate
 from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate as _generate
+from speculax.decode.goodput import Goodput
 from speculax.decode.metrics import DecodeOutput
 from speculax.decode.speculative import speculative_generate
 from speculax.drafters import registry
@@ -73,13 +74,15 @@ def speculate(model: LoadedModel, prompts: Prompts,
               max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
               top_p: float = 1.0, chat: bool = True, stop_at_eos: bool = True, seed: int = 0,
               mesh: MeshConfig | None = None, warmup: bool = True,
-              goodput: bool = False) -> DecodeOutput:
+              goodput: bool | Sequence[float] = False) -> DecodeOutput:
   """Speculative decoding: the same output law as `generate`, with tau and acceptance by
   position. `drafter`: a LoadedDrafter (drafters.make / drafters.load / train_drafter), a
   drafter without params, or a registry name built with its defaults ("prompt-lookup").
   warmup: as for `generate`. goodput: k is the most a step drafts, and each step drafts the
   0..k with the most expected tokens per second (SmartSpec), from step costs timed first on
-  these prompts (out.k_steps counts the choices; chains only)."""
+  these prompts (True), or given: the k + 1 seconds of a step drafting 0..k that an earlier
+  run measured (out.step_costs, for the same batch size and drafter), which skips the timing.
+  out.k_steps counts the choices; chains only."""
   if isinstance(drafter, str):
     drafter = registry.make(drafter, model)
   elif isinstance(drafter, Drafter):
@@ -88,14 +91,15 @@ def speculate(model: LoadedModel, prompts: Prompts,
     raise ValueError(f"drafter must be a LoadedDrafter, a Drafter or a drafter name "
                      f"({', '.join(registry.KINDS)}), got {drafter!r}")
   ids = _token_ids(model, prompts, chat)
-  spec = SpecConfig(k=k, **_settings(model, max_new_tokens, temperature, top_k, top_p,
-                                     stop_at_eos))
-  if goodput:
-    spec = dataclasses.replace(spec, goodput=calibrate(
-        model.params, model.config, ids, drafter.drafter, spec, drafter.params,
-        key=jax.random.key(seed)))
+  costs = None if isinstance(goodput, bool) else goodput
+  spec = SpecConfig(k=k, goodput=Goodput() if goodput is True or costs is not None else None,
+                    **_settings(model, max_new_tokens, temperature, top_k, top_p, stop_at_eos))
+  if goodput is True:
+    costs = calibrate(model.params, model.config, ids, drafter.drafter, spec, drafter.params,
+                      key=jax.random.key(seed), mesh=mesh)
   out = speculative_generate(model.params, model.config, ids, drafter.drafter, spec,
-                             drafter.params, jax.random.key(seed), mesh, warmup)
+                             drafter.params, jax.random.key(seed), mesh, warmup,
+                             step_costs=costs)
   return _with_texts(model, out)
 
 

@@ -21,6 +21,9 @@ class Bytes:
   def encode(self, text):
     return list(text.encode())
 
+  def decode(self, ids):
+    return bytes(ids).decode(errors="replace")
+
 
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory):
@@ -54,7 +57,7 @@ def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_pa
   assert len(lookup["acceptance"]) == 3 and skip["drafts_per_step"] <= 3
   assert len(lookup["k_steps"]) == 4 and sum(lookup["k_steps"]) > 0  # goodput: steps by k
   assert skip["k_steps"] is None and rows[0]["k_steps"] is None
-  assert len(lookup["step_s"]) == 4 and skip["step_s"] is None  # goodput's calibrated costs
+  assert len(lookup["step_costs"]) == 4 and skip["step_costs"] is None  # goodput's costs
   assert tree["drafts_per_step"] == 4  # the tree's 2 + 2 nodes, checked every step
   assert "step_cost" in lookup and "step_cost" not in rows[6]  # the split: batch 1 only
   assert lookup["verify_cost"] > 0 and rows[0]["verify_cost"] == 1.0

@@ -34,7 +34,7 @@ TINY = get_preset("tiny")
 NAN, INF = math.nan, math.inf
 
 # One valid instance of each public config; each bad value replaces one field of it.
-VALID = [SamplingConfig(), GenerateConfig(), SpecConfig(), Goodput((1.0, 1.5)), StaticTree(((0,), (1,))),
+VALID = [SamplingConfig(), GenerateConfig(), SpecConfig(), Goodput(), StaticTree(((0,), (1,))),
          DynamicTree(), PromptLookup(), LayerSkip((0, 1)), DraftModel(TINY), TokenRecycling(),
          Medusa(), Hydra(), Eagle(), Recording(PromptLookup()), OptimConfig(), DistillConfig(),
          HeadsConfig(Medusa()), DataConfig(), DistillExperiment("run"), OnlineConfig(),
@@ -60,10 +60,9 @@ BAD = {
                      "top_p": ("0.9", 0.0, 1.0000001, NAN)},
     GenerateConfig: {"max_new_tokens": ints(1), "sampling": ("greedy", None, 0.7),
                      "eos_ids": ([2], (-1,), (2.0,)), "prompt_bucket": ints(1)},
-    # and GenerateConfig's fields, inherited (goodput measured for another k: test_goodput.py)
+    # and GenerateConfig's fields, inherited (goodput's step costs: test_goodput.py)
     SpecConfig: {"k": ints(1), "goodput": ("fast", 3, (1.0, 2.0))},
-    Goodput: {"step_s": ((1.0,), (1.0, -1.0), [1.0, 2.0], (1.0, NAN), 1.0),
-              "decay": numbers(0.0) + (1.0,), "prior": numbers(0.0),
+    Goodput: {"decay": numbers(0.0) + (1.0,), "prior": numbers(0.0),
               "prior_acceptance": numbers(0.0) + (1.5,), "probe_every": ints(1)},
     StaticTree: {"choices": ("0,1", ((-1,),), (), ((0,), (0, 2.5)))},
     DynamicTree: {"width": ints(1), "depth": ints(1), "children": ints(1)},

@@ -11,8 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import test_speculative_sampling as sampling_test
+from test_bench import Bytes
 from test_multi_draft import _target_laws
 
+from speculax import api
 from speculax.core.sampling import SamplingConfig
 from speculax.core.types import Draft, TargetView, Verified
 from speculax.decode import goodput
@@ -20,29 +22,37 @@ from speculax.decode.calibrate import calibrate
 from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.goodput import Goodput, GoodputState
-from speculax.decode.speculative import speculative_generate
+from speculax.decode.speculative import spec_loop, speculative_generate
 from speculax.drafters.base import Drafter
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models import llama
+from speculax.models.load import LoadedModel
 
 from tiny_prompts import NEW, PROMPTS
 
 COSTS = (1.0, 1.3, 1.6, 1.9)  # seconds of a step drafting k = 0..3: drafting pays ~0.3 a token
+INF = float("inf")
+
+
+def _state(kept, reached, costs=COSTS, plain_run=0):
+  return GoodputState(jnp.asarray(kept, jnp.float32), jnp.asarray(reached, jnp.float32),
+                      jnp.zeros((len(costs),), jnp.int32), jnp.array(plain_run),
+                      jnp.asarray(costs, jnp.float32))
 
 
 def test_choice_follows_acceptance_and_costs():
-  g = Goodput(COSTS)
-  sure = GoodputState(jnp.full((3,), 50.0), jnp.full((3,), 50.0), jnp.zeros((4,), jnp.int32),
-                      jnp.zeros((), jnp.int32))
+  g = Goodput()
+  sure = _state([50.0] * 3, [50.0] * 3)
   assert int(goodput.choose(g, sure)) == 3  # all kept: 4 tokens for 1.9 s
   never = sure.replace(kept=jnp.zeros((3,)))
   assert int(goodput.choose(g, never)) == 0
   # a_1 = 0.8 (40 + 1) / (50 + 1), the rest ~0: k = 1 gives 1.8 / 1.3 > 1 / 1.0
   first = never.replace(kept=jnp.array([40.0 - 0.2, 0.0, 0.0]))
   assert int(goodput.choose(g, first)) == 1
-  assert int(goodput.choose(Goodput((1.0, 1.9, 2.8, 3.7)), first)) == 0  # drafting too dear
+  dear = first.replace(step_costs=jnp.array([1.0, 1.9, 2.8, 3.7]))
+  assert int(goodput.choose(g, dear)) == 0  # drafting too dear
   np.testing.assert_allclose(goodput.expected_tokens(jnp.array([0.5, 0.5])), [1, 1.5, 1.75])
   # after probe_every plain steps in a row, a one-draft probe whatever the estimate says
   assert int(goodput.choose(g, never.replace(plain_run=jnp.array(15)))) == 0
@@ -50,13 +60,26 @@ def test_choice_follows_acceptance_and_costs():
   assert int(goodput.choose(g, sure.replace(plain_run=jnp.array(16)))) == 3  # not cut short
 
 
+def test_infinite_costs_take_lengths_out():
+  """+inf: never that length (calibration forces one length so); the probe takes the shortest
+  drafting length left, and none when no drafting length is left."""
+  g = Goodput()
+  sure = _state([50.0] * 3, [50.0] * 3)
+  assert int(goodput.choose(g, sure.replace(step_costs=jnp.array([1.0, 1.3, INF, INF])))) == 1
+  never = _state([0.0] * 3, [50.0] * 3, plain_run=16)
+  assert int(goodput.choose(g, never.replace(step_costs=jnp.array([1.0, INF, 1.6, 1.9])))) == 2
+  for k in range(4):  # one finite length: chosen whatever the estimate and the probe say
+    only = jnp.where(jnp.arange(4) == k, 1.0, INF)
+    assert int(goodput.choose(g, never.replace(step_costs=only))) == k
+    assert int(goodput.choose(g, sure.replace(step_costs=only))) == k
+
+
 def test_unreached_positions_read_like_the_one_before():
   """Draft 1 kept 6 of 20 times, drafts 2-3 never checked: their estimates follow draft 1's
   (1/3), not the optimistic prior (1), so k = 1 pays (1.33 / 1.3 s) and k = 3 does not
   (1.48 / 1.9 s; with a prior of 1 on drafts 2-3 it would be 2.0 / 1.9 s, the best)."""
-  g = Goodput(COSTS)
-  s = GoodputState(jnp.array([6.0, 0.0, 0.0]), jnp.array([20.0, 0.0, 0.0]),
-                   jnp.zeros((4,), jnp.int32), jnp.zeros((), jnp.int32))
+  g = Goodput()
+  s = _state([6.0, 0.0, 0.0], [20.0, 0.0, 0.0])
   np.testing.assert_allclose(goodput.acceptance(g, s), [7 / 21] * 3, rtol=1e-6)
   assert int(goodput.choose(g, s)) == 1
   # a reached position weighs its own counts against the one before it: (4 + 1/3) / (5 + 1)
@@ -65,9 +88,8 @@ def test_unreached_positions_read_like_the_one_before():
 
 
 def test_observe_counts_reached_and_kept_positions():
-  g = Goodput(COSTS, decay=0.5)
-  s = GoodputState(jnp.ones((3,)), jnp.full((3,), 2.0), jnp.zeros((4,), jnp.int32),
-                   jnp.array(5))
+  g = Goodput(decay=0.5)
+  s = _state([1.0] * 3, [2.0] * 3, plain_run=5)
   # a plain step observes nothing: the counts stay, and it counts towards the next probe
   plain = goodput.observe(g, s, 0, jnp.zeros((4,), jnp.int32), jnp.zeros((4,), jnp.int32),
                           jnp.ones((4,), bool))
@@ -82,20 +104,31 @@ def test_observe_counts_reached_and_kept_positions():
   assert s.steps.tolist() == [0, 0, 0, 1] and int(s.plain_run) == 0
 
 
-def test_config_checks_name_the_value():
-  with pytest.raises(ValueError, match="step_s"):
-    Goodput((1.0,))
-  with pytest.raises(ValueError, match="step_s"):
-    Goodput((1.0, -2.0))
-  with pytest.raises(ValueError, match="k=2"):
-    SpecConfig(k=2, goodput=Goodput(COSTS))
+@pytest.mark.parametrize("costs,match", [
+    ((1.0, 1.3), "k=3 \\(4 numbers\\), got shape \\(2,\\)"),
+    ((1.0, 1.3, -1.6, 1.9), "> 0 seconds.*-1.6"),
+    ((1.0, 1.3, float("nan"), 1.9), "> 0 seconds.*nan"),
+    ((INF,) * 4, "at least one finite.*inf"),
+])
+def test_step_costs_name_the_value(costs, match):
+  with pytest.raises(ValueError, match=match):
+    goodput.step_costs(costs, 3)
 
 
-def test_trees_are_refused(tiny):
+def test_run_settings_name_the_value(tiny):
   cfg, params = tiny
+  spec = SpecConfig(k=3, max_new_tokens=4, goodput=Goodput())
+  run = lambda drafter, spec, **kw: speculative_generate(params, cfg, [[1, 2, 3]], drafter, spec,
+                                                         **kw)
   with pytest.raises(ValueError, match="chain"):
-    speculative_generate(params, cfg, [[1, 2, 3]], TokenRecycling(),
-                         SpecConfig(k=3, max_new_tokens=4, goodput=Goodput(COSTS)))
+    run(TokenRecycling(), spec, step_costs=COSTS)
+  with pytest.raises(ValueError, match="step_costs go with spec.goodput.*step_costs=None"):
+    run(PromptLookup(), spec)
+  with pytest.raises(ValueError, match="step_costs go with spec.goodput.*goodput=None"):
+    run(PromptLookup(), SpecConfig(k=3, max_new_tokens=4), step_costs=COSTS)
+  for n in (0, 5):
+    with pytest.raises(ValueError, match=f"new_tokens must be in \\[1, .*=4\\], got {n}"):
+      run(PromptLookup(), spec, step_costs=COSTS, new_tokens=n)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +147,9 @@ class Contrary(Drafter):
 
 def _run(tiny, drafter, dparams=None, prompts=PROMPTS[:4], new=48, **settings):
   cfg, params = tiny
-  spec = SpecConfig(k=3, max_new_tokens=new, goodput=Goodput(COSTS, **settings))
-  return speculative_generate(params, cfg, prompts, drafter, spec, drafter_params=dparams)
+  spec = SpecConfig(k=3, max_new_tokens=new, goodput=Goodput(**settings))
+  return speculative_generate(params, cfg, prompts, drafter, spec, drafter_params=dparams,
+                              step_costs=COSTS)
 
 
 def test_never_accepted_settles_on_plain_decoding(tiny):
@@ -187,24 +221,61 @@ def test_generated_tokens_follow_target():
   cfg, rows = sampling_test.CFG, sampling_test.ROWS
   # k = 2 first (optimism: 3 tokens for 2.0), then the measured acceptance makes a plain step
   # the better buy: one step of each.
-  g = Goodput((1.0, 1.9, 2.0), decay=0.5)
+  g = Goodput(decay=0.5)
   out = speculative_generate(target, cfg, [sampling_test.PROMPT] * rows, DraftModel(cfg),
                              SpecConfig(k=2, max_new_tokens=3, sampling=sampling, goodput=g),
-                             drafter_params=draft, key=jax.random.key(0))
+                             drafter_params=draft, key=jax.random.key(0),
+                             step_costs=(1.0, 1.9, 2.0))
   toks = np.array(out.tokens)
   for i in range(3):
     assert sampling_test._tv(toks[:, i], exact[i]) < sampling_test.BOUND, i
   assert out.k_steps[0] > 0 and out.k_steps[2] > 0, out.k_steps
 
 
-def test_calibrate_times_every_length(tiny):
+def test_forced_length_in_a_shorter_run(tiny, tiny_reference):
+  """Costs finite only at k: every step drafts k; new_tokens below max_new_tokens stops each
+  row there, with the same tokens as the longer run's first ones."""
+  for k in (0, 2):
+    only = np.where(np.arange(4) == k, 1.0, INF)
+    cfg, params = tiny
+    out = speculative_generate(params, cfg, PROMPTS, PromptLookup(),
+                               SpecConfig(k=3, max_new_tokens=NEW, goodput=Goodput()),
+                               step_costs=only, new_tokens=5)
+    assert out.k_steps.sum() == out.k_steps[k] > 0, out.k_steps
+    assert out.tokens == [list(t[:5]) for t in tiny_reference]
+    np.testing.assert_array_equal(out.step_costs, only)
+
+
+def test_calibrate_times_every_length_in_the_serving_loop(tiny):
   cfg, params = tiny
   other = llama.init_params(cfg, jax.random.key(7))
-  g = calibrate(params, cfg, PROMPTS[:2], DraftModel(cfg), SpecConfig(k=2), other,
-                new_tokens=4, repeats=2, decay=0.8)
-  assert len(g.step_s) == 3 and all(s > 0 for s in g.step_s) and g.decay == 0.8
-  assert list(g.step_s) == sorted(g.step_s)  # a longer draft is never timed cheaper
+  spec = SpecConfig(k=2, max_new_tokens=8, goodput=Goodput(decay=0.8))
+  costs = calibrate(params, cfg, PROMPTS[:2], DraftModel(cfg), spec, other, new_tokens=4,
+                    repeats=2)
+  assert costs.shape == (3,) and (costs > 0).all() and np.isfinite(costs).all()
+  assert list(costs) == sorted(costs)  # a longer draft is never timed cheaper
+  # calibration compiled the loop that serves: decoding with its costs compiles nothing new
+  compiled = spec_loop._cache_size()
+  out = speculative_generate(params, cfg, PROMPTS[:2], DraftModel(cfg), spec, other,
+                             step_costs=costs)
+  assert spec_loop._cache_size() == compiled and out.k_steps.sum() > 0
   with pytest.raises(ValueError, match="repeats"):
     calibrate(params, cfg, PROMPTS[:2], DraftModel(cfg), SpecConfig(k=2), other, repeats=0)
   with pytest.raises(ValueError, match="new_tokens"):
     calibrate(params, cfg, PROMPTS[:2], DraftModel(cfg), SpecConfig(k=2), other, new_tokens=1)
+
+
+def test_api_reuses_measured_costs(tiny, monkeypatch):
+  """sx.speculate(goodput=True) calibrates and reports the costs; passing them back decodes
+  the same tokens without timing anything again."""
+  model = LoadedModel(*tiny, Bytes())
+  run = lambda goodput: api.speculate(model, PROMPTS[:2], "prompt-lookup", k=3,
+                                      max_new_tokens=12, goodput=goodput)
+  first = run(True)
+  assert first.step_costs.shape == (4,) and first.k_steps.sum() > 0
+  monkeypatch.setattr(api, "calibrate", lambda *a, **kw: pytest.fail("calibrated again"))
+  again = run(first.step_costs.tolist())
+  assert again.tokens == first.tokens
+  np.testing.assert_array_equal(again.step_costs, first.step_costs)
+  with pytest.raises(ValueError, match="k=3 \\(4 numbers\\)"):
+    run([1.0, 2.0])
