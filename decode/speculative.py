@@ -69,17 +69,6 @@ def _stop(tokens, n_emit, n_out, max_new, eos_ids):
   return jnp.where(hit, first + 1, n_emit), hit
 
 
-def spec_step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Drafter,
-              s: SpecState) -> SpecState:
-  """One draft-then-verify step of spec.k drafts, or with spec.goodput of the k' in 0..k it
-  picks (each k' its own program: a shorter draft pays only its own drafting and forward)."""
-  step = functools.partial(_step, params, dparams, config, spec, drafter)
-  if spec.goodput is None:
-    return step(spec.k, s)
-  return jax.lax.switch(goodput.choose(spec.goodput, s.goodput),
-                        [functools.partial(step, k) for k in range(spec.k + 1)], s)
-
-
 def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Drafter, k: int,
           s: SpecState) -> SpecState:
   b = s.history.shape[0]
@@ -128,8 +117,24 @@ def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Draft
 @functools.partial(jax.jit, static_argnames=("config", "spec", "drafter"), donate_argnames=("state",))
 def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Drafter,
               state: SpecState) -> SpecState:
-  step = functools.partial(spec_step, params, dparams, config, spec, drafter)
-  return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
+  """Steps of spec.k drafts until every row is done; with spec.goodput each step drafts the k'
+  in 0..k it picks, each k' its own program (a shorter draft pays only its own drafting and
+  forward)."""
+  step = functools.partial(_step, params, dparams, config, spec, drafter)
+  running = lambda s: ~jnp.all(s.done)
+  if spec.goodput is None:
+    return jax.lax.while_loop(running, functools.partial(step, spec.k), state)
+  choice = lambda s: goodput.choose(spec.goodput, s.goodput)
+
+  def segment(k):  # steps of k drafts for as long as k stays the choice
+    same = lambda s: running(s) & (choice(s) == k)
+    return lambda s: jax.lax.while_loop(same, functools.partial(step, k), step(k, s))
+
+  # The switch picks a segment, not a step: XLA copies every buffer a conditional updates in
+  # place (the whole KV cache, at both ends), so a switch per step cost ~25% of a plain step at
+  # batch 8; steps inside a segment's loop copy nothing.
+  segments = [segment(k) for k in range(spec.k + 1)]
+  return jax.lax.while_loop(running, lambda s: jax.lax.switch(choice(s), segments, s), state)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "drafter", "max_len"))
