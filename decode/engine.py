@@ -31,7 +31,8 @@ class Program:
   extra_slots: int  # cache slots past prompt + new tokens (a speculative verify block)
   hidden_layers: tuple[int, ...]  # prefill features the start reads (() for none)
   # start(params, tokens [b, T], lengths [b], logits [b, v], hidden, cache, key, max_len,
-  # done: bool) -> loop state with `done` set on every row when done is True (warm-up).
+  # budget: [] int32) -> loop state whose rows stop at `budget` new tokens (<= the config's
+  # max_new_tokens, which sizes the buffers: a shorter run reuses the compiled loop).
   start: Callable[..., Any]
   loop: Callable[[Any, Any], Any]  # (params, state) -> state, run until every row is done
   # state -> (buffer [b, W], first [b], n [b]): row i's new tokens are buffer[i, first:first + n].
@@ -76,14 +77,23 @@ def place(params, config: LlamaConfig, cache: KVCache, tokens, lengths, mesh: Me
 
 
 def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Program,
-        key: jax.Array | None, mesh: MeshConfig | None, warmup: bool) -> tuple[Any, DecodeOutput]:
+        key: jax.Array | None, mesh: MeshConfig | None, warmup: bool,
+        new_tokens: int | None = None) -> tuple[Any, DecodeOutput]:
   """Decodes `prompts` (token-id lists) with `program`; returns its final state and the
   DecodeOutput of what every decode reports (tokens, timings, target forwards).
 
-  warmup: compile the prefill and the loop first (the loop runs zero steps on a copy of the
-  cache), timed as compile_s, so prefill_s and decode_s measure only the run itself.
+  warmup: compile the prefill and the loop first and run one loop step (on a copy of the
+  cache), timed as compile_s, so prefill_s and decode_s measure only the run itself: the first
+  execution of a compiled step is slow on some backends (XLA:CPU packs a matmul's weights on
+  first use), and a loop that ran no step would pay it in the timed run.
+  new_tokens: this run's most new tokens per prompt (None: gen.max_new_tokens, which sizes the
+  compiled loop; fewer reuse it).
   """
   gen.check_vocab(config.vocab_size)
+  budget = gen.max_new_tokens if new_tokens is None else new_tokens
+  if not (isinstance(budget, int) and 1 <= budget <= gen.max_new_tokens):
+    raise ValueError(f"new_tokens must be an int in [1, max_new_tokens={gen.max_new_tokens}], "
+                     f"got {new_tokens!r}")
   tokens, lengths = pack_prompts(prompts, config.vocab_size, gen.prompt_bucket)
   check_room(int(lengths.max()), gen.max_new_tokens, config.max_seq_len, extra=program.extra_slots)
   b = len(lengths)
@@ -92,9 +102,10 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
   params, cache, tokens, lengths = place(
       params, config, KVCache.init(config, b, max_len, per_layer=True), tokens, lengths, mesh)
 
-  def begin(cache, done: bool):
+  def begin(cache, budget: int):
     logits, hidden, cache = prefill(params, config, tokens, lengths, cache, program.hidden_layers)
-    return program.start(params, tokens, lengths, logits, hidden, cache, key, max_len, done)
+    return program.start(params, tokens, lengths, logits, hidden, cache, key, max_len,
+                         jnp.asarray(budget, jnp.int32))
 
   # The attention kernel reads the mesh in context to run per shard (shard_map); XLA's own
   # attention is partitioned from the arrays' shardings alone.
@@ -103,10 +114,12 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
     compile_s = None  # no warm-up: the timings include compiling (DecodeOutput says so)
     if warmup:
       t = time.perf_counter()
-      jax.block_until_ready(program.loop(params, begin(jax.tree.map(jnp.copy, cache), True)))
+      # one loop step: the prefill's token and one more
+      warm = begin(jax.tree.map(jnp.copy, cache), min(2, budget))
+      jax.block_until_ready(program.loop(params, warm))
       compile_s = time.perf_counter() - t
     t0 = time.perf_counter()
-    state = jax.block_until_ready(begin(cache, False))
+    state = jax.block_until_ready(begin(cache, budget))
     t1 = time.perf_counter()
     state = jax.block_until_ready(program.loop(params, state))
     t2 = time.perf_counter()

@@ -47,9 +47,7 @@ class SpecState:
   accepted_at: jax.Array  # [k] int32 active sequences whose draft i was accepted
   drafted: jax.Array  # [] int32 draft tokens the target checked, summed over active sequences
   goodput: goodput.GoodputState | None  # spec.goodput's acceptance estimate, k counts, costs
-  # [] int32 the most new tokens a row makes in this run (<= spec.max_new_tokens, which sizes
-  # the buffers): a shorter run (calibration) reuses the compiled serving loop.
-  budget: jax.Array
+  budget: jax.Array  # [] int32 the most new tokens a row makes in this run (decode/engine.py)
 
 
 def block_shape(drafter: Drafter, spec: SpecConfig) -> tuple[int, int]:
@@ -139,17 +137,16 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "drafter", "max_len"))
 def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidden, cache, key,
-           max_len, done, step_costs, budget):
+           max_len, budget, step_costs):
   """First token from the prefill logits, the history buffer and the drafter's state (which
-  may read the prefill's hidden states); step_costs [k + 1] (goodput runs, else None) and
-  budget [] int32 are the run's data."""
+  may read the prefill's hidden states); step_costs [k + 1] (goodput runs, else None)."""
   b = tokens.shape[0]
   key, sub = jax.random.split(key)
   first = sample(sub, logits, spec.sampling)
   history = jnp.zeros((b, max_len), jnp.int32).at[:, :tokens.shape[1]].set(tokens)
   history = history.at[jnp.arange(b), lengths].set(first)
   n_out = jnp.ones((b,), jnp.int32)
-  stop = (n_out >= budget) | done
+  stop = n_out >= budget
   if spec.eos_ids:
     stop |= jnp.isin(first, jnp.asarray(spec.eos_ids, jnp.int32))
   view = TargetView(params, cache, history, lengths + 1, prompt_hidden=hidden)
@@ -172,7 +169,7 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   """Speculative decoding of a batch of prompts (lists of token ids) with `drafter`.
 
   drafter_params: arrays the drafter reads (a draft model's weights), or None.
-  warmup: compile everything first (the loop runs zero steps), timed apart as compile_s.
+  warmup: compile everything first and run one loop step, timed apart as compile_s.
   step_costs: with spec.goodput (and only then), [k + 1] seconds of one loop step drafting
   0..k (decode/calibrate.py; +inf: never that length).
   new_tokens: this run's most new tokens per prompt (None: spec.max_new_tokens, which sizes
@@ -186,21 +183,17 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
     raise ValueError("step_costs go with spec.goodput and only with it (decode/calibrate.py "
                      f"measures them); got goodput={spec.goodput} and step_costs={step_costs}")
   costs = None if step_costs is None else goodput.step_costs(step_costs, spec.k)
-  budget = spec.max_new_tokens if new_tokens is None else new_tokens
-  if not 1 <= budget <= spec.max_new_tokens:
-    raise ValueError(f"new_tokens must be in [1, spec.max_new_tokens={spec.max_new_tokens}], "
-                     f"got {new_tokens}")
-  budget = jnp.asarray(budget, jnp.int32)
   drafter.check(config, drafter_params, spec.k)
   drafter_params = drafter.prepare(drafter_params, params, config)
   # Room past the new tokens: one verify block (k or tree nodes, + 1) after the last.
   program = engine.Program(
       extra_slots=block_shape(drafter, spec)[0] + 1, hidden_layers=drafter.hidden_layers,
       start=lambda params, *args: _start(params, drafter_params, config, spec, drafter, *args,
-                                         step_costs=costs, budget=budget),
+                                         step_costs=costs),
       loop=lambda params, state: spec_loop(params, drafter_params, config, spec, drafter, state),
       new_tokens=lambda s: (s.history, s.lengths - s.n_out, s.n_out))
-  state, out = engine.run(params, config, prompts, spec, program, key, mesh, warmup)
+  state, out = engine.run(params, config, prompts, spec, program, key, mesh, warmup,
+                          new_tokens)
   return dataclasses.replace(
       out, row_steps=int(state.row_steps), step_tokens=int(state.step_tokens),
       accepted_at=np.asarray(state.accepted_at), drafted=int(state.drafted),
