@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculax.core.fields import Checked, field
+from speculax.core.tau import expected_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,11 +89,6 @@ def acceptance(goodput: Goodput, state: GoodputState) -> jax.Array:
     before = (state.kept[i] + goodput.prior * before) / (state.reached[i] + goodput.prior)
     alphas.append(before)
   return jnp.stack(alphas)
-
-
-def expected_tokens(alpha: jax.Array) -> jax.Array:
-  """[K] conditional acceptance -> [K + 1] expected tokens a step drafting k = 0..K emits."""
-  return jnp.concatenate([jnp.ones((1,)), 1 + jnp.cumsum(jnp.cumprod(alpha))])
 
 
 def choose(goodput: Goodput, state: GoodputState) -> jax.Array:

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from speculax.core.tau import expected_tokens
 from speculax.models import llama
 from speculax.models.config import LlamaConfig
 
@@ -55,17 +56,11 @@ class SkipSearchResult:
   trace: tuple[SkipRound, ...]  # round r skips r layers; round 0 is the full model
 
 
-def expected_tokens_per_step(acceptance, k: int):
-  """tau = 1 + a + ... + a^k: tokens per verify step of a k-draft chain when each draft is
-  accepted independently with probability a (Leviathan et al., 2023). A float, or an array of
-  them (traced too: the layer-skip drafter's on-the-fly choice uses it inside the loop)."""
-  return sum(acceptance ** i for i in range(k + 1))
-
-
 def estimated_speedup(acceptance, k: int, cost, cost_floor: float = 0.0,
                       verify_cost: float = 1.0):
   """Speedup of chain speculative decoding over one target forward per token: an estimate
-  (floats or arrays, as expected_tokens_per_step).
+  (a float or an array of them, traced too: the layer-skip drafter's on-the-fly choice uses it
+  inside the loop).
 
   Model: one step = one target forward of k + 1 tokens, costing `verify_cost` one-token forwards
   (1 where decoding is memory-bound; measure it where a block costs compute, as on a CPU), plus
@@ -73,7 +68,9 @@ def estimated_speedup(acceptance, k: int, cost, cost_floor: float = 0.0,
   that do not shrink with the layers: embedding, LM head, dispatch) in units of a target
   forward. It ignores the proxy-vs-real acceptance gap, so measure before quoting a speedup.
   """
-  return expected_tokens_per_step(acceptance, k) / (verify_cost + k * (cost + cost_floor))
+  a = jnp.asarray(acceptance, jnp.float32)[..., None]  # i.i.d.: every position kept alike
+  tau = expected_tokens(jnp.broadcast_to(a, a.shape[:-1] + (k,)))[..., k]
+  return tau / (verify_cost + k * (cost + cost_floor))
 
 
 def _check_inputs(params, config: LlamaConfig, calibration, k: int, max_skip_fraction: float,
@@ -158,7 +155,7 @@ def search_skip_set(params, config: LlamaConfig, calibration: list[list[int]], *
 
   def record(skip, agree) -> SkipRound:
     return SkipRound(tuple(sorted(skip)), agree,
-                     estimated_speedup(agree, k, (n - len(skip)) / n, cost_floor))
+                     float(estimated_speedup(agree, k, (n - len(skip)) / n, cost_floor)))
 
   candidates = list(range(1, n - 1))
   rounds = min(int(max_skip_fraction * n + 1e-9), len(candidates))  # 0.29 * 100 -> 29

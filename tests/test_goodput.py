@@ -15,6 +15,7 @@ from test_bench import Bytes
 from test_multi_draft import _target_laws
 
 from speculax import api
+from speculax.core import tau
 from speculax.core.sampling import SamplingConfig
 from speculax.core.types import Draft, TargetView, Verified
 from speculax.decode import goodput
@@ -53,7 +54,6 @@ def test_choice_follows_acceptance_and_costs():
   assert int(goodput.choose(g, first)) == 1
   dear = first.replace(step_costs=jnp.array([1.0, 1.9, 2.8, 3.7]))
   assert int(goodput.choose(g, dear)) == 0  # drafting too dear
-  np.testing.assert_allclose(goodput.expected_tokens(jnp.array([0.5, 0.5])), [1, 1.5, 1.75])
   # after probe_every plain steps in a row, a one-draft probe whatever the estimate says
   assert int(goodput.choose(g, never.replace(plain_run=jnp.array(15)))) == 0
   assert int(goodput.choose(g, never.replace(plain_run=jnp.array(16)))) == 1
@@ -72,6 +72,13 @@ def test_infinite_costs_take_lengths_out():
     only = jnp.where(jnp.arange(4) == k, 1.0, INF)
     assert int(goodput.choose(g, never.replace(step_costs=only))) == k
     assert int(goodput.choose(g, sure.replace(step_costs=only))) == k
+
+
+def test_expected_tokens():
+  """1 + sum_j prod_{i<=j} alpha_i for each k, over leading dims; i.i.d. a: 1 + a + ... + a^k."""
+  np.testing.assert_allclose(tau.expected_tokens([0.5, 0.5]), [1, 1.5, 1.75])
+  np.testing.assert_allclose(tau.expected_tokens([[1.0] * 5, [0.0] * 5])[:, 5], [6, 1])
+  np.testing.assert_allclose(tau.expected_tokens([0.8, 0.5, 0.0]), [1, 1.8, 2.2, 2.2])
 
 
 def test_unreached_positions_read_like_the_one_before():

@@ -13,7 +13,6 @@ from speculax.drafters import registry
 from speculax.drafters.layer_skip import LayerSkip
 from speculax.drafters.layer_skip_search import (
   estimated_speedup,
-  expected_tokens_per_step,
   search_skip_set,
 )
 from speculax.models import llama
@@ -158,11 +157,12 @@ def test_planted_noop_layer_is_removed_first(model, calibration):
 
 
 def test_speedup_model():
-  assert expected_tokens_per_step(1.0, 5) == 6.0
-  assert expected_tokens_per_step(0.0, 5) == 1.0
-  assert expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
-  assert estimated_speedup(1.0, 5, 1.0) == pytest.approx(1.0)  # the full model drafting
-  assert estimated_speedup(0.5, 2, 0.5, 0.25) == pytest.approx(1.75 / 2.5)
+  """tau / step cost, tau from core/tau.py (tested in test_goodput.py) with i.i.d. acceptance."""
+  assert float(estimated_speedup(1.0, 5, 1.0)) == pytest.approx(1.0)  # the full model drafting
+  assert float(estimated_speedup(0.0, 5, 0.1)) == pytest.approx(1 / 1.5)  # 1 token for 1.5
+  assert float(estimated_speedup(0.5, 2, 0.5, 0.25)) == pytest.approx(1.75 / 2.5)
+  both = estimated_speedup(jnp.array([0.5, 1.0]), 2, 0.5)  # [c] candidates at once
+  np.testing.assert_allclose(both, [1.75 / 2, 3 / 2], rtol=1e-6)
 
 
 def test_registry_builds_a_searched_drafter(model, calibration):
