@@ -1,12 +1,12 @@
 """What goodput-driven draft length costs when it drafts nothing: the goodput loop forced to
 k' = 0 on every step (a cost model where any draft is dear) against the autoregressive loop,
-and a fixed one-draft step for scale, on the same prompts one at a time, interleaved, compile
-apart. The drafter still sees every plain step (a draft model or EAGLE feeds the verified token
-into its own cache), so its share shows here. Prints the median milliseconds of a loop step
-(prefill apart) and writes JSON.
+and a fixed one-draft step for scale, on the same prompts `--batch` at a time, interleaved,
+compile apart. The drafter still sees every plain step (a draft model or EAGLE feeds the
+verified token into its own cache), so its share shows here. Prints the median milliseconds of
+a loop step (prefill apart) and writes JSON.
 
-  .venv/bin/python -m speculax.research.goodput_overhead [--prompts 2] [--repeats 3]
-      [--heads results/drafters/eagle-ttt-smollm2]
+  .venv/bin/python -m speculax.research.goodput_overhead [--prompts 2] [--batch 1]
+      [--repeats 3] [--heads results/drafters/eagle-ttt-smollm2]
 """
 from __future__ import annotations
 
@@ -30,13 +30,17 @@ from speculax.research.common import add_target_and_out, median
 def main(argv: list[str] | None = None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add_target_and_out(ap)
-  ap.add_argument("--prompts", type=int, default=2)
+  ap.add_argument("--prompts", type=int, default=2, help="prompts (a multiple of --batch)")
+  ap.add_argument("--batch", type=int, default=1, help="prompts decoded at once")
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--new-tokens", type=int, default=48)
   ap.add_argument("-k", type=int, default=4, help="the most a goodput step may draft")
   ap.add_argument("--heads", default=None,
                   help="a trained drafter's run folder (default: prompt lookup)")
   args = ap.parse_args(argv)
+  if args.batch < 1 or args.prompts < args.batch or args.prompts % args.batch:
+    ap.error(f"--prompts must be a positive multiple of --batch, got {args.prompts} and "
+             f"{args.batch}")
   model = load(args.model)
   drafter, dparams = PromptLookup(), None
   if args.heads:
@@ -44,22 +48,23 @@ def main(argv: list[str] | None = None) -> None:
     drafter, dparams = loaded.drafter, loaded.params
   tok = model.tokenizer
   ids = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(5 + args.prompts)[5:]]
+  batches = [ids[i:i + args.batch] for i in range(0, len(ids), args.batch)]
   base = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=())
   goodput = dataclasses.replace(base, goodput=Goodput())
   plain_only = [1.0] + [float("inf")] * args.k  # step costs that leave only k' = 0, no probe
   runs = {
-      "autoregressive loop": lambda p: generate(model.params, model.config, [p], base,
+      "autoregressive loop": lambda p: generate(model.params, model.config, p, base,
                                                 warmup=True),
       "goodput loop, k' = 0 every step": lambda p: speculative_generate(
-          model.params, model.config, [p], drafter, goodput, dparams, warmup=True,
+          model.params, model.config, p, drafter, goodput, dparams, warmup=True,
           step_costs=plain_only),
       f"{drafter.name}, k = 1": lambda p: speculative_generate(
-          model.params, model.config, [p], drafter, dataclasses.replace(base, k=1), dparams,
+          model.params, model.config, p, drafter, dataclasses.replace(base, k=1), dparams,
           warmup=True),
   }
   step_ms = {name: [] for name in runs}
   for _ in range(args.repeats):
-    for p in ids:
+    for p in batches:
       for name, run in runs.items():
         out = run(p)
         if out.k_steps is not None and out.k_steps[0] != out.k_steps.sum():
@@ -67,13 +72,14 @@ def main(argv: list[str] | None = None) -> None:
         step_ms[name].append(1e3 * out.step_s)
   ar = median(step_ms["autoregressive loop"])
   result = dict(machine=machine(), drafter=args.heads or "prompt lookup",
-                prompts=args.prompts, repeats=args.repeats,
+                prompts=args.prompts, batch=args.batch, repeats=args.repeats,
                 new_tokens=args.new_tokens, step_ms=step_ms,
                 median_ms={n: median(v) for n, v in step_ms.items()})
   print(table(["loop", "median ms a step", "x the autoregressive step"],
               [[n, m, m / ar] for n, m in result["median_ms"].items()]))
   args.out.mkdir(parents=True, exist_ok=True)
-  name = "goodput_overhead" + ("" if not args.heads else f"_{drafter.name}")
+  name = ("goodput_overhead" + ("" if not args.heads else f"_{drafter.name}")
+          + ("" if args.batch == 1 else f"_b{args.batch}"))
   (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
