@@ -5,7 +5,7 @@ Each length is timed in the serving loop itself (the same static config and shap
 compile serves calibration and decoding), forced to that length by a cost vector in which only
 it is finite, over a short run (`new_tokens`, below the serving budget). Every branch of the
 loop so runs before it is served: the first execution of a branch is slow on some backends
-(XLA:CPU packs a matmul's weights on first use), which a zero-step warm-up does not reach.
+(XLA:CPU packs a matmul's weights on first use), and the one-step warm-up reaches one branch.
 """
 from __future__ import annotations
 
