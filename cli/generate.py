@@ -26,6 +26,7 @@ from speculax.decode.generate import generate
 from speculax.decode.goodput import Goodput
 from speculax.decode.speculative import speculative_generate
 from speculax.models.sharding import MeshConfig
+from speculax.verifiers.typical import Typical
 
 DEFAULT_HUMANEVAL = 4
 
@@ -61,6 +62,10 @@ def add_parser(sub) -> None:
                  help="goodput-driven draft length (SmartSpec): each step drafts the 0..k "
                       "with the most expected tokens per second, from step costs timed first "
                       "on these prompts (chains only)")
+  p.add_argument("--lossy-typical", nargs="?", const="0.09,0.3", default=None,
+                 metavar="THRESHOLD,ALPHA",
+                 help="LOSSY: Medusa's typical acceptance instead of the lossless rule (chains, "
+                      "sampled decoding; default 0.09,0.3): faster, no longer the target's law")
   p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
                  help="run sharded on a device mesh of this shape, e.g. 4,1,2")
   p.add_argument("--json", action="store_true",
@@ -77,6 +82,17 @@ def _mesh(text: str | None) -> MeshConfig | None:
   return MeshConfig(*(int(x) for x in parts))
 
 
+def _typical(text: str) -> Typical:
+  parts = text.split(",")
+  try:
+    values = [float(x) for x in parts]
+  except ValueError:
+    values = []
+  if len(values) != 2:
+    raise ValueError(f"--lossy-typical must be two numbers THRESHOLD,ALPHA, got {text!r}")
+  return Typical(*values)  # checks each is in (0, 1)
+
+
 def run(args) -> int:
   from speculax.models.assets import humaneval_prompts
 
@@ -86,6 +102,9 @@ def run(args) -> int:
   check_drafter_options(args.drafter, options, fields)  # before the model load, which takes seconds
   if args.goodput and args.drafter == "none":
     raise ValueError("--goodput picks a drafter's draft length; give --drafter")
+  lossy = None if args.lossy_typical is None else _typical(args.lossy_typical)
+  if lossy is not None and args.drafter == "none":
+    raise ValueError("--lossy-typical checks a drafter's drafts; give --drafter")
   if args.prompt and args.prompts:
     raise ValueError("give prompts with --prompt or --prompts FILE, not both")
   if args.prompt and any(not p.strip() for p in args.prompt):
@@ -113,7 +132,8 @@ def run(args) -> int:
     out = generate(model.params, model.config, prompts, gen, key, mesh=mesh, warmup=True)
   else:
     spec = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling,
-                      eos_ids=tok.eos_ids, goodput=Goodput() if args.goodput else None)
+                      eos_ids=tok.eos_ids, goodput=Goodput() if args.goodput else None,
+                      lossy_typical=lossy)
     costs = None
     if args.goodput:
       costs = calibrate(model.params, model.config, prompts, drafter, spec, dparams, key=key,

@@ -6,6 +6,7 @@ import dataclasses
 from speculax.core.fields import Checked, field
 from speculax.core.sampling import SamplingConfig
 from speculax.decode.goodput import Goodput
+from speculax.verifiers.typical import Typical
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,3 +34,6 @@ class SpecConfig(GenerateConfig):
   # most expected tokens per second, by this policy and the step costs the run is given (data,
   # not config: decode/calibrate.py measures them); None: always k.
   goodput: Goodput | None = None
+  # LOSSY, off by default: Medusa's typical acceptance in place of the lossless rule (chains,
+  # sampled decoding; greedy output is unchanged), verifiers/typical.py.
+  lossy_typical: Typical | None = None

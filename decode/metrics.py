@@ -29,6 +29,8 @@ class DecodeOutput:
   # Goodput-driven only: [k + 1] the step costs it weighed (seconds of a step drafting 0..k),
   # to pass again (sx.speculate(goodput=out.step_costs)) instead of recalibrating.
   step_costs: np.ndarray | None = None
+  # The lossy acceptance rule the run used (None: lossless, the output law is the target's).
+  lossy: str | None = None
   drafter_state: Any = None  # the drafter's final state (e.g. a Token Recycling matrix to reuse)
   texts: list[str] | None = None  # the new tokens decoded, when the caller had a tokenizer
 
@@ -80,7 +82,8 @@ class DecodeOutput:
                 forwards=self.forwards, tau=self.tau, acceptance=self.acceptance.tolist(),
                 drafts_per_step=self.draft_length,
                 k_steps=None if self.k_steps is None else self.k_steps.tolist(),
-                step_costs=None if self.step_costs is None else self.step_costs.tolist())
+                step_costs=None if self.step_costs is None else self.step_costs.tolist(),
+                lossy=self.lossy)
 
   def summary(self) -> str:
     acc = " ".join(f"{a:.2f}" for a in self.acceptance)
@@ -93,4 +96,5 @@ class DecodeOutput:
                                      "drafts checked per step" if acc else "")
             + ("" if self.k_steps is None else
                f"; goodput chose k = 0..{len(self.k_steps) - 1} in "
-               f"{'/'.join(str(int(n)) for n in self.k_steps)} steps"))
+               f"{'/'.join(str(int(n)) for n in self.k_steps)} steps")
+            + ("" if self.lossy is None else f"; LOSSY: {self.lossy}"))

@@ -82,6 +82,8 @@ def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Draft
   forward = lambda tokens, positions, mask: llama.forward(
       params, config, tokens, positions, view.cache, mask, hidden_layers=layers)
   verifier = drafter.verifier() if k else ChainVerifier()
+  if spec.lossy_typical is not None:
+    verifier = dataclasses.replace(verifier, lossy_typical=spec.lossy_typical)
   verified, cache = verifier.verify(k_verify, draft, view.pending, view.lengths - 1, forward,
                                     spec.sampling, config.vocab_size)
   n_acc = verified.n_accepted
@@ -179,6 +181,9 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   if spec.goodput is not None and verifier is not ChainVerifier:
     raise ValueError(f"goodput-driven draft length picks a chain's length; the {drafter.name} "
                      f"drafter here verifies with {verifier.__name__}")
+  if spec.lossy_typical is not None and verifier is not ChainVerifier:
+    raise ValueError(f"typical acceptance (lossy) checks a chain; the {drafter.name} drafter "
+                     f"here verifies with {verifier.__name__}")
   if (spec.goodput is None) != (step_costs is None):
     raise ValueError("step_costs go with spec.goodput and only with it (decode/calibrate.py "
                      f"measures them); got goodput={spec.goodput} and step_costs={step_costs}")
@@ -198,5 +203,5 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
       out, row_steps=int(state.row_steps), step_tokens=int(state.step_tokens),
       accepted_at=np.asarray(state.accepted_at), drafted=int(state.drafted),
       k_steps=None if state.goodput is None else np.asarray(state.goodput.steps),
-      step_costs=costs,
-      drafter_state=state.drafter)
+      step_costs=costs, drafter_state=state.drafter,
+      lossy=None if spec.lossy_typical is None else f"typical acceptance {spec.lossy_typical}")

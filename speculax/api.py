@@ -37,6 +37,7 @@ from speculax.train import data, experiment
 from speculax.train.distill import DistillConfig
 from speculax.train.heads import HeadsConfig
 from speculax.train.optim import OptimConfig
+from speculax.verifiers.typical import Typical
 
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
 
@@ -74,7 +75,8 @@ def speculate(model: LoadedModel, prompts: Prompts,
               max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
               top_p: float = 1.0, chat: bool = True, stop_at_eos: bool = True, seed: int = 0,
               mesh: MeshConfig | None = None, warmup: bool = True,
-              goodput: bool | Sequence[float] = False) -> DecodeOutput:
+              goodput: bool | Sequence[float] = False,
+              lossy_typical: Typical | None = None) -> DecodeOutput:
   """Speculative decoding: the same output law as `generate`, with tau and acceptance by
   position. `drafter`: a LoadedDrafter (drafters.make / drafters.load / train_drafter), a
   drafter without params, or a registry name built with its defaults ("prompt-lookup").
@@ -82,7 +84,9 @@ def speculate(model: LoadedModel, prompts: Prompts,
   0..k with the most expected tokens per second (SmartSpec), from step costs timed first on
   these prompts (True), or given: the k + 1 seconds of a step drafting 0..k that an earlier
   run measured (out.step_costs, for the same batch size and drafter), which skips the timing.
-  out.k_steps counts the choices; chains only."""
+  out.k_steps counts the choices; chains only. lossy_typical: LOSSY, Medusa's typical acceptance
+  (speculax.verifiers.typical.Typical) instead of the lossless rule at t > 0: faster, not the
+  target's law."""
   if isinstance(drafter, str):
     drafter = registry.make(drafter, model)
   elif isinstance(drafter, Drafter):
@@ -93,6 +97,7 @@ def speculate(model: LoadedModel, prompts: Prompts,
   ids = _token_ids(model, prompts, chat)
   costs = None if isinstance(goodput, bool) else goodput
   spec = SpecConfig(k=k, goodput=Goodput() if goodput is True or costs is not None else None,
+                    lossy_typical=lossy_typical,
                     **_settings(model, max_new_tokens, temperature, top_k, top_p, stop_at_eos))
   if goodput is True:
     costs = calibrate(model.params, model.config, ids, drafter.drafter, spec, drafter.params,

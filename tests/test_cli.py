@@ -95,6 +95,11 @@ MALFORMED = [
     (["serve-bench", "{stream}", "--divergence", "kl"], "argument --divergence: invalid choice"),
     (["serve-bench", "{stream}", "--buffer-policy", "lru"], "argument --buffer-policy: invalid"),
     (["generate", "--goodput"], "--goodput picks a drafter's draft length; give --drafter"),
+    (["generate", "--lossy-typical"], "--lossy-typical checks a drafter's drafts; give --drafter"),
+    (["generate", "--drafter", "prompt-lookup", "--lossy-typical", "0.09"],
+     "--lossy-typical must be two numbers THRESHOLD,ALPHA, got '0.09'"),
+    (["generate", "--drafter", "prompt-lookup", "--lossy-typical", "0.09,1.5"],
+     "Typical.posterior_alpha must be"),
     # train
     (["train"], "the following arguments are required: --config"),
     (["train", "--config", "no-such-config.py"], "experiment config 'no-such-config.py' does not"),

@@ -29,12 +29,14 @@ from speculax.train.distill import DistillConfig
 from speculax.train.experiment import DataConfig, DistillExperiment
 from speculax.train.heads import HeadsConfig
 from speculax.train.optim import OptimConfig
+from speculax.verifiers.typical import Typical
 
 TINY = get_preset("tiny")
 NAN, INF = math.nan, math.inf
 
 # One valid instance of each public config; each bad value replaces one field of it.
-VALID = [SamplingConfig(), GenerateConfig(), SpecConfig(), Goodput(), StaticTree(((0,), (1,))),
+VALID = [SamplingConfig(), GenerateConfig(), SpecConfig(), Goodput(), Typical(),
+         StaticTree(((0,), (1,))),
          DynamicTree(), PromptLookup(), LayerSkip((0, 1)), DraftModel(TINY), TokenRecycling(),
          Medusa(), Hydra(), Eagle(), Recording(PromptLookup()), OptimConfig(), DistillConfig(),
          HeadsConfig(Medusa()), DataConfig(), DistillExperiment("run"), OnlineConfig(),
@@ -61,7 +63,10 @@ BAD = {
     GenerateConfig: {"max_new_tokens": ints(1), "sampling": ("greedy", None, 0.7),
                      "eos_ids": ([2], (-1,), (2.0,)), "prompt_bucket": ints(1)},
     # and GenerateConfig's fields, inherited (goodput's step costs: test_goodput.py)
-    SpecConfig: {"k": ints(1), "goodput": ("fast", 3, (1.0, 2.0))},
+    SpecConfig: {"k": ints(1), "goodput": ("fast", 3, (1.0, 2.0)),
+                 "lossy_typical": ("typical", 0.09, (0.09, 0.3))},
+    Typical: {"posterior_threshold": numbers(0.0) + (1.0,),
+              "posterior_alpha": numbers(0.0) + (1.0,)},
     Goodput: {"decay": numbers(0.0) + (1.0,), "prior": numbers(0.0),
               "prior_acceptance": numbers(0.0) + (1.5,), "probe_every": ints(1)},
     StaticTree: {"choices": ("0,1", ((-1,),), (), ((0,), (0, 2.5)))},
