@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import numbers
 import time
 from typing import Any, Callable
 
@@ -91,9 +92,11 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
   """
   gen.check_vocab(config.vocab_size)
   budget = gen.max_new_tokens if new_tokens is None else new_tokens
-  if not (isinstance(budget, int) and 1 <= budget <= gen.max_new_tokens):
+  integral = isinstance(budget, numbers.Integral) and not isinstance(budget, bool)
+  if not (integral and 1 <= budget <= gen.max_new_tokens):  # numpy ints are fine
     raise ValueError(f"new_tokens must be an int in [1, max_new_tokens={gen.max_new_tokens}], "
                      f"got {new_tokens!r}")
+  budget = int(budget)
   tokens, lengths = pack_prompts(prompts, config.vocab_size, gen.prompt_bucket)
   check_room(int(lengths.max()), gen.max_new_tokens, config.max_seq_len, extra=program.extra_slots)
   b = len(lengths)

@@ -133,7 +133,7 @@ def test_run_settings_name_the_value(tiny):
     run(PromptLookup(), spec)
   with pytest.raises(ValueError, match="step_costs go with spec.goodput.*goodput=None"):
     run(PromptLookup(), SpecConfig(k=3, max_new_tokens=4), step_costs=COSTS)
-  for n in (0, 5):
+  for n in (0, 5, True):
     with pytest.raises(ValueError, match=f"new_tokens must be an int in \\[1, .*=4\\], got {n}"):
       run(PromptLookup(), spec, step_costs=COSTS, new_tokens=n)
 
