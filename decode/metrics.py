@@ -29,6 +29,9 @@ class DecodeOutput:
   # Goodput-driven only: [k + 1] the step costs it weighed (seconds of a step drafting 0..k),
   # to pass again (sx.speculate(goodput=out.step_costs)) instead of recalibrating.
   step_costs: np.ndarray | None = None
+  # PEARL only (decode/pearl.py): of row_steps, those in post-verify (drafts ready from the
+  # step before, drafted while the target verified).
+  post_steps: int | None = None
   # The lossy acceptance rule the run used (None: lossless, the output law is the target's).
   lossy: str | None = None
   drafter_state: Any = None  # the drafter's final state (e.g. a Token Recycling matrix to reuse)
@@ -83,7 +86,7 @@ class DecodeOutput:
                 drafts_per_step=self.draft_length,
                 k_steps=None if self.k_steps is None else self.k_steps.tolist(),
                 step_costs=None if self.step_costs is None else self.step_costs.tolist(),
-                lossy=self.lossy)
+                post_steps=self.post_steps, lossy=self.lossy)
 
   def summary(self) -> str:
     acc = " ".join(f"{a:.2f}" for a in self.acceptance)
@@ -97,4 +100,6 @@ class DecodeOutput:
             + ("" if self.k_steps is None else
                f"; goodput chose k = 0..{len(self.k_steps) - 1} in "
                f"{'/'.join(str(int(n)) for n in self.k_steps)} steps")
+            + ("" if self.post_steps is None else
+               f"; PEARL: {self.post_steps} of {self.row_steps} steps post-verify")
             + ("" if self.lossy is None else f"; LOSSY: {self.lossy}"))

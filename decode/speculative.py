@@ -55,22 +55,27 @@ def block_shape(drafter: Drafter, spec: SpecConfig) -> tuple[int, int]:
   return drafter.verifier().block_shape(spec.k)
 
 
-def _stop(tokens, n_emit, n_out, max_new, eos_ids):
-  """Cuts each row's emitted tokens [b, k+1] at its budget and first EOS; returns (n, hit_eos)."""
-  n_emit = jnp.minimum(n_emit, max_new - n_out)
-  if not eos_ids:
-    return n_emit, jnp.zeros_like(n_emit, bool)
-  pos = jnp.arange(tokens.shape[1])[None]
-  is_eos = jnp.isin(tokens, jnp.asarray(eos_ids, jnp.int32)) & (pos < n_emit[:, None])
-  first = jnp.argmax(is_eos, 1)
-  hit = is_eos.any(1)
-  return jnp.where(hit, first + 1, n_emit), hit
+def emit(out, n_emit, s, eos_ids):
+  """Writes each active row's emitted tokens out [b, w] (the first n_emit [b] of them, cut at
+  the row's budget and first EOS) after its history. Returns (history, lengths, tokens emitted
+  [b], whether an EOS was emitted [b]); done rows emit nothing. s: the loop state."""
+  n_emit = jnp.where(s.done, 0, jnp.minimum(n_emit, s.budget - s.n_out))
+  hit = jnp.zeros_like(n_emit, bool)
+  if eos_ids:
+    pos = jnp.arange(out.shape[1])[None]
+    is_eos = jnp.isin(out, jnp.asarray(eos_ids, jnp.int32)) & (pos < n_emit[:, None])
+    hit = is_eos.any(1)
+    n_emit = jnp.where(hit, jnp.argmax(is_eos, 1) + 1, n_emit)
+  slots = s.lengths[:, None] + jnp.arange(out.shape[1])[None]
+  slots = jnp.where(jnp.arange(out.shape[1])[None] < n_emit[:, None], slots, s.history.shape[1])
+  rows = jnp.arange(out.shape[0])[:, None]
+  history = s.history.at[rows, slots].set(out, mode="drop")
+  return history, s.lengths + n_emit, n_emit, hit
 
 
 def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Drafter, k: int,
           s: SpecState) -> SpecState:
   b = s.history.shape[0]
-  rows = jnp.arange(b)
   key, k_draft, k_verify = jax.random.split(s.key, 3)
   view = TargetView(params, s.cache, s.history, s.lengths)
   if k:
@@ -91,13 +96,9 @@ def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Draft
   width = out.shape[1]
   checked = draft.tokens.shape[1] if draft.length is None else draft.length  # [] or [b]
   active = ~s.done
-  n_emit, hit_eos = _stop(out, n_acc + 1, s.n_out, s.budget, spec.eos_ids)
-  n_emit = jnp.where(active, n_emit, 0)  # [b] tokens this step emits (the budget or an EOS may
-  # cut the accepted block: only the emitted ones count in tau and acceptance)
-  slots = s.lengths[:, None] + jnp.arange(width)[None]
-  slots = jnp.where(jnp.arange(width)[None] < n_emit[:, None], slots, s.history.shape[1])
-  history = s.history.at[rows[:, None], slots].set(out, mode="drop")
-  lengths = s.lengths + n_emit
+  # The budget or an EOS may cut the accepted block: only the emitted tokens count in tau and
+  # acceptance.
+  history, lengths, n_emit, hit_eos = emit(out, n_acc + 1, s, spec.eos_ids)
   cache = cache.with_lengths(lengths - 1)
   # A drafter that proposed nothing still sees the step (Verified of the pending token alone).
   dstate = drafter.update(dparams, dstate, TargetView(params, cache, history, lengths), verified)
@@ -137,11 +138,9 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
   return jax.lax.while_loop(running, lambda s: jax.lax.switch(choice(s), segments, s), state)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "spec", "drafter", "max_len"))
-def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidden, cache, key,
-           max_len, budget, step_costs):
-  """First token from the prefill logits, the history buffer and the drafter's state (which
-  may read the prefill's hidden states); step_costs [k + 1] (goodput runs, else None)."""
+def begin(key, tokens, lengths, logits, spec, max_len: int, budget):
+  """The first new token from the prefill logits [b, v] and the history buffer [b, max_len]
+  holding prompt and token -> (key, history, lengths, n_out, done)."""
   b = tokens.shape[0]
   key, sub = jax.random.split(key)
   first = sample(sub, logits, spec.sampling)
@@ -151,9 +150,18 @@ def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidd
   stop = n_out >= budget
   if spec.eos_ids:
     stop |= jnp.isin(first, jnp.asarray(spec.eos_ids, jnp.int32))
-  view = TargetView(params, cache, history, lengths + 1, prompt_hidden=hidden)
+  return key, history, lengths + 1, n_out, stop
+
+
+@functools.partial(jax.jit, static_argnames=("config", "spec", "drafter", "max_len"))
+def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidden, cache, key,
+           max_len, budget, step_costs):
+  """The loop state after the prefill, with the drafter's state (which may read the prefill's
+  hidden states); step_costs [k + 1] (goodput runs, else None)."""
+  key, history, lengths, n_out, done = begin(key, tokens, lengths, logits, spec, max_len, budget)
+  view = TargetView(params, cache, history, lengths, prompt_hidden=hidden)
   return SpecState(
-      cache=cache, history=history, lengths=lengths + 1, n_out=n_out, done=stop,
+      cache=cache, history=history, lengths=lengths, n_out=n_out, done=done,
       drafter=drafter.init(dparams, view, config, max_len), key=key,
       forwards=jnp.ones((), jnp.int32), row_steps=jnp.zeros((), jnp.int32),
       step_tokens=jnp.zeros((), jnp.int32),
