@@ -23,6 +23,7 @@ from typing import Any
 from speculax.bench import suites
 from speculax.core import config_files
 from speculax.core.fields import Checked, field
+from speculax.decode import pearl
 from speculax.drafters import registry
 from speculax.models.config import PRECISIONS, AttentionImpl
 
@@ -46,22 +47,32 @@ class Method(Checked):
   # Goodput-driven draft length (decode/goodput.py): k is the most a step drafts; each step
   # picks 0..k from step costs calibrated at the panel's batch on its first prompts.
   goodput: bool = False
+  # PEARL (decode/pearl.py), a draft model drafting while the target verifies: "one-device" or
+  # "two-device" (None: draft then verify).
+  pearl: str | None = None
 
   def __post_init__(self):
     super().__post_init__()
     if self.drafter is None:
-      if self.options or self.fields or self.goodput:
+      if self.options or self.fields or self.goodput or self.pearl:
         raise ValueError(f"method {self.name!r}: autoregressive decoding (drafter None) takes no "
                          f"options, got {sorted({**self.options, **self.fields})}"
-                         + (" and goodput=True" if self.goodput else ""))
+                         + (" and goodput=True" if self.goodput else "")
+                         + (f" and pearl={self.pearl!r}" if self.pearl else ""))
     else:
       registry.get(self.drafter)  # an unknown kind fails here, naming the kinds
+    if self.pearl is not None and (self.pearl not in pearl.FORMS or self.drafter != "draft-model"
+                                   or self.goodput):
+      raise ValueError(f"method {self.name!r}: pearl must be one of {pearl.FORMS} with the "
+                       f"draft-model drafter and no goodput, got pearl={self.pearl!r}, drafter "
+                       f"{self.drafter!r}, goodput={self.goodput}")
 
 
 def method(name: str, drafter: str | None = None, *, k: int = 5, set: dict | None = None,
-           hot: bool = False, goodput: bool = False, **options) -> Method:
-  """Method(name, drafter, k, options, fields=set, hot, goodput): options as keywords."""
-  return Method(name, drafter, k, options, dict(set or {}), hot, goodput)
+           hot: bool = False, goodput: bool = False, pearl: str | None = None,
+           **options) -> Method:
+  """Method(name, drafter, k, options, fields=set, hot, goodput, pearl): options as keywords."""
+  return Method(name, drafter, k, options, dict(set or {}), hot, goodput, pearl)
 
 
 AUTOREGRESSIVE = Method("autoregressive")

@@ -12,6 +12,7 @@ import numpy as np
 
 from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
+from speculax.decode.pearl import draft_device, pearl_generate
 from speculax.decode.speculative import speculative_generate
 from speculax.models import llama
 from speculax.models.kvcache import KVCache
@@ -54,13 +55,14 @@ class Run:
 
 
 def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int = 1,
-                hot: bool = False, step_costs=None) -> Run:
+                hot: bool = False, step_costs=None, pearl_form: str | None = None) -> Run:
   """One method over the prompts decoded `batch` at a time (drafter None = autoregressive).
   Every batch compiles apart first (warmup; a no-op when its shapes were compiled already):
   batches in another prompt-length bucket recompile.
 
   hot: each batch starts from the drafter state the previous one ended with (as params).
   step_costs: goodput-driven runs' step costs (decode/calibrate.py).
+  pearl_form: PEARL's form (decode/pearl.FORMS) instead of draft-then-verify.
   """
   wall = n_tokens = row_steps = step_tokens = compile_s = accepted = drafted = steps = decode = 0
   tokens, k_steps = [], None
@@ -69,9 +71,11 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
     if drafter is None:
       out = generate(model.params, model.config, chunk, spec, key, warmup=True)
     else:
-      out = speculative_generate(model.params, model.config, chunk, drafter, spec,
-                                 drafter_params=dparams, key=key, warmup=True,
-                                 step_costs=step_costs)
+      out = (pearl_generate(model.params, model.config, chunk, drafter, spec, dparams, key,
+                            draft_device(pearl_form), warmup=True) if pearl_form else
+             speculative_generate(model.params, model.config, chunk, drafter, spec,
+                                  drafter_params=dparams, key=key, warmup=True,
+                                  step_costs=step_costs))
       if hot:
         dparams = out.drafter_state
       row_steps, step_tokens = row_steps + out.row_steps, step_tokens + out.step_tokens

@@ -68,12 +68,13 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
       bar.set_postfix_str(f"{suite} b{batch} {sampling_name(temperature)}: {m.name}")
       costs = None if not m.goodput else calibrate(
           model.params, model.config, chunk[:batch], drafter, spec, dparams)
-      r = run_prompts(model, chunk, drafter, dparams, spec, batch, hot=m.hot, step_costs=costs)
+      r = run_prompts(model, chunk, drafter, dparams, spec, batch, hot=m.hot, step_costs=costs,
+                      pearl_form=m.pearl)
       reference = reference or r.tokens
       row = dict(method=m.name if i < len(order) - 1 else f"{m.name}, again",
                  drafter=m.drafter, k=m.k, suite=suite, batch=batch,
                  sampling=sampling_name(temperature), tau=r.tau, acceptance=r.acceptance,
-                 drafts_per_step=r.drafts_per_step, k_steps=r.k_steps,
+                 drafts_per_step=r.drafts_per_step, k_steps=r.k_steps, pearl=m.pearl,
                  step_costs=None if costs is None else costs.tolist(),
                  tokens_per_s=r.tokens_per_s,
                  compile_s=r.compile_s, drafter_mb=params_mb(dparams),
@@ -81,7 +82,8 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
                  same_as_ar=(sum(a == b for a, b in zip(r.tokens, reference))
                              if temperature == 0 else None))
       if batch == 1 and cfg.step_split:
-        row |= _step_split(model, forwards, r, _checked(drafter, m.k))
+        # PEARL's window: the pending token and k - 1 ready drafts
+        row |= _step_split(model, forwards, r, m.k if m.pearl else _checked(drafter, m.k))
       panel.append(row)
       bar.update()
       jax.clear_caches()  # each row compiles its own loops (memory-map limit on long runs)

@@ -24,6 +24,7 @@ from speculax.decode.calibrate import calibrate
 from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.goodput import Goodput
+from speculax.decode.pearl import FORMS, draft_device, pearl_generate
 from speculax.decode.speculative import speculative_generate
 from speculax.models.sharding import MeshConfig
 from speculax.verifiers.typical import Typical
@@ -66,6 +67,10 @@ def add_parser(sub) -> None:
                  metavar="THRESHOLD,ALPHA",
                  help="LOSSY: Medusa's typical acceptance instead of the lossless rule (chains, "
                       "sampled decoding; default 0.09,0.3): faster, no longer the target's law")
+  p.add_argument("--pearl", choices=FORMS, default=None,
+                 help="PEARL: the draft model (--drafter draft-model, a chain) drafts while the "
+                      "target verifies; two-device puts it on the second device (on CPU: "
+                      "SPECULAX_CPU_DEVICES=2)")
   p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
                  help="run sharded on a device mesh of this shape, e.g. 4,1,2")
   p.add_argument("--json", action="store_true",
@@ -105,6 +110,13 @@ def run(args) -> int:
   lossy = None if args.lossy_typical is None else _typical(args.lossy_typical)
   if lossy is not None and args.drafter == "none":
     raise ValueError("--lossy-typical checks a drafter's drafts; give --drafter")
+  if args.pearl and args.drafter != "draft-model":
+    raise ValueError(f"--pearl drafts with a draft model; give --drafter draft-model, not "
+                     f"{args.drafter}")
+  if args.pearl and (args.goodput or args.mesh):
+    raise ValueError("--pearl runs its own adaptive length on its own devices: drop "
+                     + " and ".join(f for f, on in (("--goodput", args.goodput),
+                                                    ("--mesh", args.mesh)) if on))
   if args.prompt and args.prompts:
     raise ValueError("give prompts with --prompt or --prompts FILE, not both")
   if args.prompt and any(not p.strip() for p in args.prompt):
@@ -134,15 +146,19 @@ def run(args) -> int:
     spec = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling,
                       eos_ids=tok.eos_ids, goodput=Goodput() if args.goodput else None,
                       lossy_typical=lossy)
-    costs = None
-    if args.goodput:
-      costs = calibrate(model.params, model.config, prompts, drafter, spec, dparams, key=key,
-                        mesh=mesh)
-      print("goodput: seconds per step drafting k = 0..{}: {}".format(
-          args.k, " ".join(f"{s:.4f}" for s in costs)), file=sys.stderr)
-    out = speculative_generate(model.params, model.config, prompts, drafter, spec,
-                               drafter_params=dparams, key=key, mesh=mesh, warmup=True,
-                               step_costs=costs)
+    if args.pearl:
+      out = pearl_generate(model.params, model.config, prompts, drafter, spec, dparams, key,
+                           draft_device(args.pearl), warmup=True)
+    else:
+      costs = None
+      if args.goodput:
+        costs = calibrate(model.params, model.config, prompts, drafter, spec, dparams, key=key,
+                          mesh=mesh)
+        print("goodput: seconds per step drafting k = 0..{}: {}".format(
+            args.k, " ".join(f"{s:.4f}" for s in costs)), file=sys.stderr)
+      out = speculative_generate(model.params, model.config, prompts, drafter, spec,
+                                 drafter_params=dparams, key=key, mesh=mesh, warmup=True,
+                                 step_costs=costs)
   texts = [tok.decode(ids) for ids in out.tokens]
   if args.json:
     print(json.dumps({"drafter": args.drafter, "prompts": [x["prompt"] for x in items],

@@ -191,6 +191,22 @@ def _draft_cache(dparams, drafter: DraftModel, history, lengths, max_len: int) -
   return drafter.init(dparams, TargetView(None, None, history, lengths), drafter.config, max_len)
 
 
+FORMS = ("one-device", "two-device")
+
+
+def draft_device(form: str) -> jax.Device | None:
+  """The draft model's device for a form of FORMS: None (the target's) or the second device."""
+  if form not in FORMS:
+    raise ValueError(f"PEARL form must be one of {FORMS}, got {form!r}")
+  if form == "one-device":
+    return None
+  devices = jax.devices()
+  if len(devices) < 2:
+    raise ValueError(f"PEARL two-device needs a second device, jax.devices() has {devices}; on "
+                     f"CPU set SPECULAX_CPU_DEVICES=2 (or jax_num_cpu_devices) before JAX starts")
+  return devices[1]
+
+
 def pearl_generate(params, config: LlamaConfig, prompts, drafter: DraftModel,
                    spec: SpecConfig = SpecConfig(), drafter_params=None,
                    key: jax.Array | None = None, draft_device: jax.Device | None = None,

@@ -24,6 +24,7 @@ from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate as _generate
 from speculax.decode.goodput import Goodput
 from speculax.decode.metrics import DecodeOutput
+from speculax.decode.pearl import draft_device, pearl_generate
 from speculax.decode.speculative import speculative_generate
 from speculax.drafters import registry
 from speculax.drafters.base import Drafter
@@ -76,7 +77,7 @@ def speculate(model: LoadedModel, prompts: Prompts,
               top_p: float = 1.0, chat: bool = True, stop_at_eos: bool = True, seed: int = 0,
               mesh: MeshConfig | None = None, warmup: bool = True,
               goodput: bool | Sequence[float] = False,
-              lossy_typical: Typical | None = None) -> DecodeOutput:
+              lossy_typical: Typical | None = None, pearl: str | None = None) -> DecodeOutput:
   """Speculative decoding: the same output law as `generate`, with tau and acceptance by
   position. `drafter`: a LoadedDrafter (drafters.make / drafters.load / train_drafter), a
   drafter without params, or a registry name built with its defaults ("prompt-lookup").
@@ -86,7 +87,8 @@ def speculate(model: LoadedModel, prompts: Prompts,
   run measured (out.step_costs, for the same batch size and drafter), which skips the timing.
   out.k_steps counts the choices; chains only. lossy_typical: LOSSY, Medusa's typical acceptance
   (speculax.verifiers.typical.Typical) instead of the lossless rule at t > 0: faster, not the
-  target's law."""
+  target's law. pearl: "one-device" or "two-device" (PEARL: the draft model drafts while the
+  target verifies, on the second device with "two-device"; a draft-model chain only)."""
   if isinstance(drafter, str):
     drafter = registry.make(drafter, model)
   elif isinstance(drafter, Drafter):
@@ -99,6 +101,13 @@ def speculate(model: LoadedModel, prompts: Prompts,
   spec = SpecConfig(k=k, goodput=Goodput() if goodput is True or costs is not None else None,
                     lossy_typical=lossy_typical,
                     **_settings(model, max_new_tokens, temperature, top_k, top_p, stop_at_eos))
+  if pearl is not None:
+    if mesh is not None:
+      raise ValueError(f"pearl places the draft model and the target on devices of their own; "
+                       f"drop mesh={mesh}")
+    out = pearl_generate(model.params, model.config, ids, drafter.drafter, spec, drafter.params,
+                         jax.random.key(seed), draft_device(pearl), warmup)
+    return _with_texts(model, out)
   if goodput is True:
     costs = calibrate(model.params, model.config, ids, drafter.drafter, spec, drafter.params,
                       key=jax.random.key(seed), mesh=mesh)

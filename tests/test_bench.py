@@ -36,7 +36,8 @@ def prompts_file(tmp_path_factory):
 CFG = BenchConfig(
     methods=(method("prompt lookup", "prompt-lookup", k=3, max_ngram=2, goodput=True),
              method("layer skip + exit", "layer-skip", k=3, skip=(1,), exit_threshold=0.3),
-             method("draft model tree", "draft-model", k=2, draft_layers=1, tree="full:2,1")),
+             method("draft model tree", "draft-model", k=2, draft_layers=1, tree="full:2,1"),
+             method("pearl", "draft-model", k=2, draft_layers=1, pearl="two-device")),
     target="tiny", suites=("chat",), prompts=1, batch_sizes=(1, 2), temperatures=(0.0,), new_tokens=6)
 
 
@@ -46,20 +47,21 @@ def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_pa
   rows = result["rows"]
   names = ["autoregressive", *(m.name for m in cfg.methods), "autoregressive, again"]
   assert [r["method"] for r in rows] == names * 2  # two panels: batch 1 and batch 2
-  assert [r["batch"] for r in rows] == [1] * 5 + [2] * 5
+  assert [r["batch"] for r in rows] == [1] * 6 + [2] * 6
   for r in rows:
     assert r["same_as_ar"] == r["sequences"] == r["batch"], r
     assert r["tau"] >= 1 and r["tokens_per_s"] > 0 and r["compile_s"] > 0
-  for panel in (rows[:5], rows[5:]):
+  for panel in (rows[:6], rows[6:]):
     ar = [r["speedup"] for r in panel if r["drafter"] is None]
     assert max(ar) == pytest.approx(1.0) and min(ar) <= 1.0  # x AR: over the faster AR run
-  lookup, skip, tree = rows[1:4]
+  lookup, skip, tree, pearl = rows[1:5]
   assert len(lookup["acceptance"]) == 3 and skip["drafts_per_step"] <= 3
   assert len(lookup["k_steps"]) == 4 and sum(lookup["k_steps"]) > 0  # goodput: steps by k
   assert skip["k_steps"] is None and rows[0]["k_steps"] is None
   assert len(lookup["step_costs"]) == 4 and skip["step_costs"] is None  # goodput's costs
   assert tree["drafts_per_step"] == 4  # the tree's 2 + 2 nodes, checked every step
-  assert "step_cost" in lookup and "step_cost" not in rows[6]  # the split: batch 1 only
+  assert pearl["pearl"] == "two-device" and lookup["pearl"] is None
+  assert "step_cost" in lookup and "step_cost" not in rows[7]  # the split: batch 1 only
   assert lookup["verify_cost"] > 0 and rows[0]["verify_cost"] == 1.0
   assert tree["drafter_mb"] > 0 and lookup["drafter_mb"] == 0.0
   saved = json.loads((tmp_path / "t.json").read_text())
@@ -88,6 +90,9 @@ def test_shipped_sets_load_and_overrides_apply():
     (lambda: Method("m", "no-such-drafter"), "unknown drafter 'no-such-drafter'"),
     (lambda: Method("m", None, options={"k": 2}), "autoregressive decoding .* takes no options"),
     (lambda: Method("m", None, goodput=True), "takes no options, got \\[\\] and goodput=True"),
+    (lambda: Method("m", "prompt-lookup", pearl="one-device"),
+     "pearl must be one of .* with the draft-model drafter .* drafter 'prompt-lookup'"),
+    (lambda: Method("m", "draft-model", pearl="three"), "got pearl='three'"),
     (lambda: dataclasses.replace(CFG, methods=(method("a", "prompt-lookup"),) * 2),
      "distinct names"),
     (lambda: dataclasses.replace(CFG, methods=(method("autoregressive", "prompt-lookup"),)),

@@ -96,6 +96,11 @@ MALFORMED = [
     (["serve-bench", "{stream}", "--buffer-policy", "lru"], "argument --buffer-policy: invalid"),
     (["generate", "--goodput"], "--goodput picks a drafter's draft length; give --drafter"),
     (["generate", "--lossy-typical"], "--lossy-typical checks a drafter's drafts; give --drafter"),
+    (["generate", "--pearl", "one-device"],
+     "--pearl drafts with a draft model; give --drafter draft-model, not none"),
+    (["generate", "--drafter", "draft-model", "--pearl", "three"], "argument --pearl: invalid"),
+    (["generate", "--drafter", "draft-model", "--pearl", "one-device", "--goodput"],
+     "--pearl runs its own adaptive length on its own devices: drop --goodput"),
     (["generate", "--drafter", "prompt-lookup", "--lossy-typical", "0.09"],
      "--lossy-typical must be two numbers THRESHOLD,ALPHA, got '0.09'"),
     (["generate", "--drafter", "prompt-lookup", "--lossy-typical", "0.09,1.5"],
@@ -153,7 +158,9 @@ def test_malformed_input_exits_2_with_one_line(capsys, tmp_path, argv, message):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("drafter, flags", [("none", []), ("prompt-lookup", []),
-                                            ("token-recycling", ["--dtype", "bfloat16"])])
+                                            ("token-recycling", ["--dtype", "bfloat16"]),
+                                            ("draft-model", ["--pearl", "two-device",
+                                                             "--draft-layers", "2"])])
 def test_generate_chat_prompt_on_smollm2(capsys, drafter, flags):
   assert main(["generate", "--prompt", "What is the capital of France?", "--max-new-tokens", "8",
                "--drafter", drafter, *flags]) == 0

@@ -12,17 +12,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import test_speculative_sampling as sampling_test
+from test_bench import Bytes
 
+from speculax import api
 from speculax.core.sampling import SamplingConfig, probs
 from speculax.core.trees import StaticTree
+from speculax.decode import pearl
 from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.goodput import Goodput
-from speculax.decode.pearl import pearl_generate
+from speculax.decode.pearl import draft_device, pearl_generate
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.prompt_lookup import PromptLookup
+from speculax.drafters.registry import LoadedDrafter
 from speculax.models import llama
 from speculax.models.derive import truncated
+from speculax.models.load import LoadedModel
+from speculax.models.sharding import MeshConfig
 
 from tiny_prompts import NEW, PROMPTS
 
@@ -143,3 +149,22 @@ def test_draft_device_must_be_another(tiny):
   with pytest.raises(ValueError, match="is the target's device"):
     pearl_generate(params, cfg, PROMPTS[:1], DraftModel(cfg), SpecConfig(k=2), params,
                    draft_device=jax.devices()[0])
+
+
+def test_forms_name_the_value(monkeypatch):
+  assert draft_device("one-device") is None and draft_device("two-device") == jax.devices()[1]
+  with pytest.raises(ValueError, match="one of \\('one-device', 'two-device'\\), got 'three'"):
+    draft_device("three")
+  monkeypatch.setattr(pearl.jax, "devices", lambda: [jax.local_devices()[0]])
+  with pytest.raises(ValueError, match="SPECULAX_CPU_DEVICES=2"):
+    draft_device("two-device")
+
+
+def test_api_pearl_equals_plain_speculation(tiny):
+  model = LoadedModel(*tiny, Bytes())
+  drafter = LoadedDrafter(DraftModel(tiny[0]), tiny[1])
+  run = lambda **kw: api.speculate(model, PROMPTS[:2], drafter, k=3, max_new_tokens=12, **kw)
+  plain, out = run(), run(pearl="two-device")
+  assert out.tokens == plain.tokens and out.post_steps > 0 and "PEARL" in out.summary()
+  with pytest.raises(ValueError, match="drop mesh="):
+    run(pearl="one-device", mesh=MeshConfig(data=2))
