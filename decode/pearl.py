@@ -6,9 +6,10 @@ tokens e_1..e_k after the window's end, as if the target kept every draft in it.
 nothing of each other: on two devices they are two jitted programs dispatched at once (JAX's
 async dispatch overlaps them); on one device they are one program.
 
-- pre-verify (a row with no drafts ready): the window is the pending token (the rest of the
-  window is ignored), whose logits check e_1 as soon as it is drafted; a rejected first draft
-  costs no verify forward of its own.
+- pre-verify (a row with no drafts ready): the window is the pending token (in a batch where
+  other rows post-verify, the rest of the window is ignored; on two devices a step where no row
+  has drafts ready forwards the pending token alone), whose logits check e_1 as soon as it is
+  drafted; a rejected first draft costs no verify forward of its own.
 - post-verify (a row with k - 1 drafts w ready from the step before): the window is
   [pending, w_1..w_{k-1}]. Its logits check w, then e_1 (drafted after w_{k-1}: the window's
   last logits are the target's law there).
@@ -101,8 +102,9 @@ def target_window(params, config: LlamaConfig, cache: KVCache, s: PearlState):
 
 
 def verify(spec: SpecConfig, s: PearlState, logits, tokens, q) -> PearlState:
-  """Checks the ready drafts and e_1 = tokens[:, 0] against the window's logits [b, k, v] (s
-  holds the cache the window's forward wrote) and advances every row."""
+  """Checks the ready drafts and e_1 = tokens[:, 0] against the window's logits [b, k, v], or
+  [b, 1, v] when no row has drafts ready (s holds the cache the window's forward wrote), and
+  advances every row."""
   b, k = tokens.shape
   key, _, k_verify = jax.random.split(s.key, 3)
   post = s.n_ready > 0  # [b]
@@ -113,9 +115,11 @@ def verify(spec: SpecConfig, s: PearlState, logits, tokens, q) -> PearlState:
       post[:, None, None], jnp.concatenate([s.ready_q, first(q)], 1),
       jnp.pad(first(q), ((0, 0), (0, k - 1), (0, 0))))
   length = s.n_ready + 1  # [b] drafts checked
-  # verify_chain reads one more column, for a bonus token; all kept, there is none to emit.
-  n_acc, nxt = verify_chain(k_verify, jnp.concatenate([logits, logits[:, -1:]], 1), cand,
-                            cand_q, spec.sampling, length)
+  # verify_chain reads k + 1 columns: one more for a bonus token (all kept, there is none to
+  # emit), and a pending-token window's missing ones (no row checks past its first).
+  pad = jnp.repeat(logits[:, -1:], k + 1 - logits.shape[1], 1)
+  n_acc, nxt = verify_chain(k_verify, jnp.concatenate([logits, pad], 1), cand, cand_q,
+                            spec.sampling, length)
   all_kept = n_acc == length
   out = emitted_tokens(cand, n_acc, nxt)  # [b, k + 1]
   active = ~s.done
@@ -156,14 +160,20 @@ def two_device_loop(params, dparams, config: LlamaConfig, spec: SpecConfig,
                     draft_device: jax.Device) -> PearlState:
   """The same steps with the draft model on draft_device (dparams already there) and the target
   where its params are: each step dispatches the drafting, then the window's forward, and JAX
-  runs them at once; the host reads whether every row is done after each step."""
+  runs them at once. After each step the host reads whether every row is done and whether any
+  has drafts ready: when none has, the window is the pending token alone (pre-verify's own
+  forward, about a plain step, where the k-token window costs ~1.6 of one on a 2-core CPU)."""
   # Committed from the first step on, as every step's outputs are: one compiled program each.
   target_device = next(iter(state.lengths.devices()))
   s, dcache = jax.device_put(state.replace(drafter=None), target_device), state.drafter
-  while not bool(jnp.all(s.done)):
+  while True:
+    done, post = jax.device_get((jnp.all(s.done), jnp.any(s.n_ready > 0)))
+    if done:
+      break
     inputs = jax.device_put(_draft_inputs(s), draft_device)
     tokens, q, dcache = _draft(dparams, drafter, spec, dcache, *inputs)
-    logits, cache = _target_window(params, config, s.cache, s.replace(cache=None))
+    window = s.replace(cache=None) if post else s.replace(cache=None, ready=s.ready[:, :0])
+    logits, cache = _target_window(params, config, s.cache, window)
     # Committed to the target's device, so that the check runs there.
     tokens, q = jax.device_put((tokens, q), target_device)
     s = _verify(spec, s.replace(cache=cache), logits, tokens, q)
