@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculax.models.config import LlamaConfig
+from speculax.models.tables import table_dot
 
 IDS = "vocab_ids"  # raw drafter params: the frequency order [v] int32
 TRIM = "vocab_trim"  # prepared drafter params: {"ids": [n] int32, "rows": [n, d]}
@@ -72,7 +73,7 @@ def trimmed_head(head_params, config: LlamaConfig, ids: np.ndarray) -> dict:
 def trimmed_logits(trim: dict, features: jax.Array, vocab_size: int | None = None) -> jax.Array:
   """Final-normed features [..., d] -> logits [..., v] float32, -inf outside the kept ids; with
   no vocab_size, the kept ids' logits alone [..., n] (training, which scores in that space)."""
-  kept = jnp.einsum("...d,nd->...n", features, trim["rows"]).astype(jnp.float32)
+  kept = table_dot(features, trim["rows"]).astype(jnp.float32)
   if vocab_size is None:
     return kept
   full = jnp.full((*features.shape[:-1], vocab_size), -jnp.inf, jnp.float32)

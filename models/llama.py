@@ -23,6 +23,7 @@ import numpy as np
 from speculax.models import kvcache
 from speculax.models.attention import attention
 from speculax.models.config import LlamaConfig
+from speculax.models.tables import as_table, dense, table_dot
 from speculax.models.kernels.tree_attention import runtime_kernel, tree_attention
 from speculax.models.kvcache import KVCache
 
@@ -73,68 +74,83 @@ def _param(module: nn.Module, name: str, init, shape: tuple[int, ...], axes: tup
 def _project(y, w, bias, norm, eps: float) -> jax.Array:
   """y [b, t, d] @ w [d, n, q] -> [b, t, n, q], plus a bias [n, q] (Qwen2) and an RMSNorm over
   q (Qwen3's q/k norm, applied before RoPE) when the architecture has them."""
-  out = jnp.einsum("btd,dnq->btnq", y, w)
+  out = dense(y, w, 1)
   if bias is not None:
     out = out + bias.astype(out.dtype)
   return out if norm is None else rms_norm(out, norm, eps)
 
 
+# Dense weights of a layer with how many leading axes each contracts; `unstack_layers` stores
+# them as Tables for decoding.
+DENSE_IN_AXES = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1}
+
+
+def block(config: LlamaConfig, p: dict, x, layer_kv, ctx, collect_hidden: bool = False):
+  """One decoder layer as a pure function of its params p (as loaded, or with Tables).
+
+  x [b, t, d]; layer_kv: this layer's cache (k, v) [b, k, s, q] or None;
+  ctx: (cos, sin [b, t, q/2], lengths [b] or None, mask [b, t, s] or [b, t, t] without
+  cache, or None with block_mask [b, t, t] for the kernel, which builds the rest itself).
+  Returns (x, (layer_kv, x if collect_hidden else None)).
+  """
+  c = config
+  cos, sin, lengths, mask, block_mask = ctx
+  y = rms_norm(x, p["attn_norm"], c.norm_eps)
+  q = apply_rope(_project(y, p["q"], p.get("q_bias"), p.get("q_norm"), c.norm_eps), cos, sin)
+  k = apply_rope(_project(y, p["k"], p.get("k_bias"), p.get("k_norm"), c.norm_eps), cos, sin)
+  v = _project(y, p["v"], p.get("v_bias"), None, c.norm_eps)  # [b, t, k, q]
+  if layer_kv is None:
+    keys, values = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [b, k, t, q]
+  else:  # write the block first, then attend over the whole cache with one [b, t, s] mask
+    layer_kv = tuple(kvcache.write(buf, new, lengths) for buf, new in zip(layer_kv, (k, v)))
+    keys, values = layer_kv
+  if block_mask is None:
+    attended = attention(q, keys, values, mask)  # [b, t, h, q]
+  else:
+    backend, block_sizes, interpret = runtime_kernel(c.runtime)
+    attended = tree_attention(q, keys, values, lengths, block_mask, backend=backend,
+                              block_sizes=block_sizes, interpret=interpret)
+  x = x + dense(attended, p["o"], 2)
+  y = rms_norm(x, p["mlp_norm"], c.norm_eps)
+  gated = nn.silu(dense(y, p["gate"], 1)) * dense(y, p["up"], 1)  # [b, t, f]
+  x = x + dense(gated, p["down"], 1)
+  return x, (layer_kv, x if collect_hidden else None)
+
+
 class Block(nn.Module):
-  """One decoder layer; scanned over the stacked layer axis."""
+  """One decoder layer's params (the init boxes with their logical axes) around `block`;
+  scanned over the stacked layer axis."""
   config: LlamaConfig
   collect_hidden: bool = False
 
   @nn.compact
   def __call__(self, x, layer_kv, ctx):
-    # x [b, t, d]; layer_kv: this layer's cache (k, v) [b, k, s, q] or None;
-    # ctx: (cos, sin [b, t, q/2], lengths [b] or None, mask [b, t, s] or [b, t, t] without
-    # cache, or None with block_mask [b, t, t] for the kernel, which builds the rest itself)
     c = self.config
     d, h, kh, dq, f = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff
-    dense = nn.initializers.lecun_normal()
+    dense_init = nn.initializers.lecun_normal()
     ones = nn.initializers.ones
-    attn_norm = _param(self, "attn_norm", ones, (d,), ("embed",))
-    wq = _param(self, "q", dense, (d, h, dq), ("embed", "heads", "head_dim"))
-    wk = _param(self, "k", dense, (d, kh, dq), ("embed", "kv_heads", "head_dim"))
-    wv = _param(self, "v", dense, (d, kh, dq), ("embed", "kv_heads", "head_dim"))
-    wo = _param(self, "o", nn.initializers.lecun_normal(in_axis=(0, 1), out_axis=2),
-                (h, dq, d), ("heads", "head_dim", "embed"))
-    mlp_norm = _param(self, "mlp_norm", ones, (d,), ("embed",))
-    w_gate = _param(self, "gate", dense, (d, f), ("embed", "mlp"))
-    w_up = _param(self, "up", dense, (d, f), ("embed", "mlp"))
-    w_down = _param(self, "down", dense, (f, d), ("mlp", "embed"))
+    p = {
+        "attn_norm": _param(self, "attn_norm", ones, (d,), ("embed",)),
+        "q": _param(self, "q", dense_init, (d, h, dq), ("embed", "heads", "head_dim")),
+        "k": _param(self, "k", dense_init, (d, kh, dq), ("embed", "kv_heads", "head_dim")),
+        "v": _param(self, "v", dense_init, (d, kh, dq), ("embed", "kv_heads", "head_dim")),
+        "o": _param(self, "o", nn.initializers.lecun_normal(in_axis=(0, 1), out_axis=2),
+                    (h, dq, d), ("heads", "head_dim", "embed")),
+        "mlp_norm": _param(self, "mlp_norm", ones, (d,), ("embed",)),
+        "gate": _param(self, "gate", dense_init, (d, f), ("embed", "mlp")),
+        "up": _param(self, "up", dense_init, (d, f), ("embed", "mlp")),
+        "down": _param(self, "down", dense_init, (f, d), ("mlp", "embed")),
+    }
     # Optional architecture params come last, so a model without them draws the same init.
-    bq = bk = bv = q_norm = k_norm = None
     if c.qkv_bias:
       zeros = nn.initializers.zeros
-      bq = _param(self, "q_bias", zeros, (h, dq), ("heads", "head_dim"))
-      bk = _param(self, "k_bias", zeros, (kh, dq), ("kv_heads", "head_dim"))
-      bv = _param(self, "v_bias", zeros, (kh, dq), ("kv_heads", "head_dim"))
+      p["q_bias"] = _param(self, "q_bias", zeros, (h, dq), ("heads", "head_dim"))
+      p["k_bias"] = _param(self, "k_bias", zeros, (kh, dq), ("kv_heads", "head_dim"))
+      p["v_bias"] = _param(self, "v_bias", zeros, (kh, dq), ("kv_heads", "head_dim"))
     if c.qk_norm:
-      q_norm = _param(self, "q_norm", ones, (dq,), ("head_dim",))
-      k_norm = _param(self, "k_norm", ones, (dq,), ("head_dim",))
-
-    cos, sin, lengths, mask, block_mask = ctx
-    y = rms_norm(x, attn_norm, c.norm_eps)
-    q = apply_rope(_project(y, wq, bq, q_norm, c.norm_eps), cos, sin)  # [b, t, h, q]
-    k = apply_rope(_project(y, wk, bk, k_norm, c.norm_eps), cos, sin)  # [b, t, k, q]
-    v = _project(y, wv, bv, None, c.norm_eps)  # [b, t, k, q]
-    if layer_kv is None:
-      keys, values = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [b, k, t, q]
-    else:  # write the block first, then attend over the whole cache with one [b, t, s] mask
-      layer_kv = tuple(kvcache.write(buf, new, lengths) for buf, new in zip(layer_kv, (k, v)))
-      keys, values = layer_kv
-    if block_mask is None:
-      attended = attention(q, keys, values, mask)
-    else:
-      backend, block_sizes, interpret = runtime_kernel(c.runtime)
-      attended = tree_attention(q, keys, values, lengths, block_mask, backend=backend,
-                                block_sizes=block_sizes, interpret=interpret)
-    x = x + jnp.einsum("bthq,hqd->btd", attended, wo)
-    y = rms_norm(x, mlp_norm, c.norm_eps)
-    gated = nn.silu(jnp.einsum("btd,df->btf", y, w_gate)) * jnp.einsum("btd,df->btf", y, w_up)
-    x = x + jnp.einsum("btf,fd->btd", gated, w_down)
-    return x, (layer_kv, x if self.collect_hidden else None)
+      p["q_norm"] = _param(self, "q_norm", ones, (dq,), ("head_dim",))
+      p["k_norm"] = _param(self, "k_norm", ones, (dq,), ("head_dim",))
+    return block(c, p, x, layer_kv, ctx, self.collect_hidden)
 
 
 class Embedder(nn.Module):
@@ -178,7 +194,7 @@ def lm_head(params: Params, config: LlamaConfig, features: jax.Array) -> jax.Arr
   """Final-normed features [..., d] -> logits [..., v] float32 with the model's output head
   (the embedding when tied): the head Medusa-style drafters share with the target."""
   if config.tie_embeddings:
-    return jnp.einsum("...d,vd->...v", features, params["embed"]).astype(jnp.float32)
+    return table_dot(features, params["embed"]).astype(jnp.float32)
   return jnp.einsum("...d,dv->...v", features, params["lm_head"]).astype(jnp.float32)
 
 
@@ -208,15 +224,24 @@ def _init_boxed(config: LlamaConfig, key: jax.Array):
 
 
 def unstack_layers(params: Params) -> Params:
-  """Params with the layer stack split into a tuple of per-layer dicts.
+  """Params for decoding: the layer stack split into a tuple of per-layer dicts, each dense
+  weight stored as a Table of its output rows (models/tables.py).
 
   `forward` then runs the layers as an unrolled Python loop over separate buffers. On CPU this
   reads each weight once per step; a scan's per-layer dynamic slice is copied before every
-  matmul (measured ~2x slower). Costs a longer compile; the stacked form stays canonical.
+  matmul (measured ~2x slower). As Tables the weights multiply the few rows of a decode or
+  verify step fastest (the measurements in models/tables.py). Costs a longer compile and a
+  transposed copy of the weights; the stacked form as loaded stays canonical (training,
+  checkpoints, sharding rules).
   """
   layers = params["layers"]
   n = jax.tree.leaves(layers)[0].shape[0]
-  return {**params, "layers": tuple(jax.tree.map(lambda x: x[i], layers) for i in range(n))}
+
+  def layer(i):
+    return {name: (as_table(w[i], DENSE_IN_AXES[name]) if name in DENSE_IN_AXES else w[i])
+            for name, w in layers.items()}
+
+  return {**params, "layers": tuple(layer(i) for i in range(n))}
 
 
 def _run_layers(config: LlamaConfig, layers, x, cache: KVCache | None, ctx, collect: bool,
@@ -226,8 +251,7 @@ def _run_layers(config: LlamaConfig, layers, x, cache: KVCache | None, ctx, coll
   Returns the output, the updated K/V buffers (or None) and per-layer outputs (or None). The
   loop form goes with a per-layer cache, the scan form with a stacked one.
   """
-  block = Block(config, collect)
-  apply = lambda p, x, layer_kv: block.apply({"params": p}, x, layer_kv, ctx)
+  apply = lambda p, x, layer_kv: block(config, p, x, layer_kv, ctx, collect)
   if layer_mask is not None:
     if cache is not None or isinstance(layers, tuple):
       raise ValueError("layer_mask needs stacked layers and no cache (the training-path scan)")

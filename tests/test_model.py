@@ -8,6 +8,7 @@ import pytest
 from speculax.models import llama
 from speculax.models.config import LlamaConfig, get_preset
 from speculax.models.kvcache import KVCache
+from speculax.models.tables import Table
 
 
 def _positions(b, t, start=0):
@@ -25,6 +26,23 @@ def test_cached_chunks_match_one_full_forward(tiny):
     chunks.append(logits)
   np.testing.assert_allclose(jnp.concatenate(chunks, 1), full, atol=1e-5, rtol=1e-5)
   assert cache.lengths.tolist() == [11, 11, 11]
+
+
+def test_unstacked_tables_match_stacked_params(tiny):
+  """Decoding's params (per-layer, dense weights as Tables) give the stacked params' logits and
+  cache, at the few rows a decode or verify step has (sliced and padded forms) and past them."""
+  cfg, params = tiny
+  decode_params = llama.unstack_layers(params)
+  assert isinstance(decode_params["layers"][0]["q"], Table)
+  tokens = jax.random.randint(jax.random.key(2), (2, 40), 0, cfg.vocab_size)
+  stacked, per_layer = KVCache.init(cfg, 2, 64), KVCache.init(cfg, 2, 64, per_layer=True)
+  for lo, hi in [(0, 36), (36, 37), (37, 40)]:  # 72 rows (one dot), 2 rows, 6 rows (padded)
+    want, _, stacked = llama.forward_jit(params, cfg, tokens[:, lo:hi], _positions(2, hi - lo, lo),
+                                         stacked)
+    got, _, per_layer = llama.forward_jit(decode_params, cfg, tokens[:, lo:hi],
+                                          _positions(2, hi - lo, lo), per_layer)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(jnp.stack(per_layer.k), stacked.k, atol=1e-5, rtol=1e-5)
 
 
 def test_ragged_cache_lengths_are_per_sequence(tiny):

@@ -1,0 +1,51 @@
+"""models/table_dot: the sliced dot equals one dot against the whole table."""
+import jax
+import jax.numpy as jnp
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from speculax.models.tables import MAX_SLICED_ROWS, as_table, dense, slices, table_dot
+
+
+def _lhs_shapes(fn, *args) -> list[tuple]:
+  """The left operand's shape of every dot_general in fn's jaxpr."""
+  eqns = jax.make_jaxpr(fn)(*args).eqns
+  return [e.invars[0].aval.shape for e in eqns if e.primitive.name == "dot_general"]
+
+
+@pytest.mark.parametrize("v, n", [(49152, 48), (16384, 16), (4096, 4), (3000, 3), (576, 3),
+                                  (64, 4), (16, 1), (1031, 1)])
+def test_slices_near_1024_rows_dividing_the_table(v, n):
+  assert slices(v) == n and v % n == 0
+
+
+@pytest.mark.parametrize("lead", [(1,), (2,), (1, 5), (8, 5), (4, 40)])
+def test_equals_one_dot_against_numpy(lead):
+  rng = np.random.default_rng(0)
+  table = rng.standard_normal((4096, 32)).astype(np.float32)
+  features = rng.standard_normal((*lead, 32)).astype(np.float32)
+  out = np.asarray(jax.jit(table_dot)(features, table))
+  ref = features.astype(np.float64) @ table.astype(np.float64).T
+  assert out.shape == (*lead, 4096)
+  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+  # the form taken: sliced for few rows on CPU, one dot past the cut-off
+  sliced = np.prod(lead) <= MAX_SLICED_ROWS
+  lhs = (4, 1024, 32) if sliced else features.shape
+  assert _lhs_shapes(table_dot, features, table) == [lhs]
+
+
+@pytest.mark.parametrize("w_shape, n_in", [((32, 4, 8), 1), ((4, 8, 32), 2), ((32, 96), 1)])
+@pytest.mark.parametrize("lead", [(1, 1), (1, 3), (2, 5)])  # 5 x 2 rows: the padded form
+def test_dense_with_a_table_equals_the_weight_as_loaded(w_shape, n_in, lead):
+  rng = np.random.default_rng(1)
+  w = rng.standard_normal(w_shape).astype(np.float32)
+  x = rng.standard_normal((*lead, *w_shape[:n_in])).astype(np.float32)
+  table = as_table(jnp.asarray(w), n_in)
+  assert table.rows.shape == (np.prod(w_shape[n_in:]), np.prod(w_shape[:n_in]))
+  got = np.asarray(jax.jit(dense, static_argnums=2)(x, table, n_in))
+  want = np.asarray(dense(x, jnp.asarray(w), n_in))
+  ref = np.tensordot(x.astype(np.float64), w.astype(np.float64), n_in)
+  assert got.shape == want.shape == (*lead, *w_shape[n_in:])
+  np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
