@@ -23,9 +23,9 @@ import numpy as np
 from speculax.models import kvcache
 from speculax.models.attention import attention
 from speculax.models.config import LlamaConfig
-from speculax.models.tables import as_table, dense, table_dot
 from speculax.models.kernels.tree_attention import runtime_kernel, tree_attention
 from speculax.models.kvcache import KVCache
+from speculax.models.tables import as_table, dense, table_dot
 
 Params = dict
 

@@ -9,9 +9,9 @@ weights gain the same way once stored as tables: SmolLM2's 30 layers of q, o, ga
 down, ms at 1 / 2 / 3 / 8 / 16 rows, as loaded [in, out] 34 / 41 / 58 / 78 / 112, as tables in
 3 or 6 slices 28 / 36 / 35 / 43 / 64. In the whole SmolLM2 forward (a 512-slot cache at 256),
 t-token forwards over a one-token one, as loaded / as tables: t = 2 1.36 / 1.24, 5 2.26 / 1.63,
-8 2.42 / 1.67 (one-token forwards 60 / 56 ms on that loaded run). From a few hundred rows on (prefill, training) the one dot wins
-(256 rows against the head: 228 / 290 ms), so only the few-row case is sliced, and other
-backends always get the one dot.
+8 2.42 / 1.67 (one-token forwards 60 / 56 ms in that run). From a few hundred rows on (prefill,
+training) the one dot wins (256 rows against the head: 228 / 290 ms), so only the few-row case
+is sliced, and other backends always get the one dot.
 """
 from __future__ import annotations
 
