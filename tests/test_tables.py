@@ -36,7 +36,7 @@ def test_equals_one_dot_against_numpy(lead):
 
 
 @pytest.mark.parametrize("w_shape, n_in", [((32, 4, 8), 1), ((4, 8, 32), 2), ((32, 96), 1)])
-@pytest.mark.parametrize("lead", [(1, 1), (1, 3), (2, 5)])  # 5 x 2 rows: the padded form
+@pytest.mark.parametrize("lead", [(1, 1), (1, 3), (2, 5), (1, 12)])  # 10, 12 rows: padded
 def test_dense_with_a_table_equals_the_weight_as_loaded(w_shape, n_in, lead):
   rng = np.random.default_rng(1)
   w = rng.standard_normal(w_shape).astype(np.float32)
