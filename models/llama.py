@@ -71,18 +71,23 @@ def _param(module: nn.Module, name: str, init, shape: tuple[int, ...], axes: tup
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
 
-def _project(y, w, bias, norm, eps: float) -> jax.Array:
-  """y [b, t, d] @ w [d, n, q] -> [b, t, n, q], plus a bias [n, q] (Qwen2) and an RMSNorm over
-  q (Qwen3's q/k norm, applied before RoPE) when the architecture has them."""
-  out = dense(y, w, 1)
-  if bias is not None:
-    out = out + bias.astype(out.dtype)
-  return out if norm is None else rms_norm(out, norm, eps)
-
-
 # Dense weights of a layer with how many leading axes each contracts; `unstack_layers` stores
 # them as Tables for decoding.
 DENSE_IN_AXES = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1}
+
+
+def _dense(p: dict, name: str, x: jax.Array) -> jax.Array:
+  return dense(x, p[name], DENSE_IN_AXES[name])
+
+
+def _project(p: dict, name: str, y, norm_eps: float) -> jax.Array:
+  """y [b, t, d] @ p[name] [d, n, q] -> [b, t, n, q], plus its bias [n, q] (Qwen2) and an
+  RMSNorm over q (Qwen3's q/k norm, applied before RoPE) when the architecture has them."""
+  out = _dense(p, name, y)
+  bias, norm = p.get(f"{name}_bias"), p.get(f"{name}_norm")
+  if bias is not None:
+    out = out + bias.astype(out.dtype)
+  return out if norm is None else rms_norm(out, norm, norm_eps)
 
 
 def block(config: LlamaConfig, p: dict, x, layer_kv, ctx, collect_hidden: bool = False):
@@ -96,9 +101,9 @@ def block(config: LlamaConfig, p: dict, x, layer_kv, ctx, collect_hidden: bool =
   c = config
   cos, sin, lengths, mask, block_mask = ctx
   y = rms_norm(x, p["attn_norm"], c.norm_eps)
-  q = apply_rope(_project(y, p["q"], p.get("q_bias"), p.get("q_norm"), c.norm_eps), cos, sin)
-  k = apply_rope(_project(y, p["k"], p.get("k_bias"), p.get("k_norm"), c.norm_eps), cos, sin)
-  v = _project(y, p["v"], p.get("v_bias"), None, c.norm_eps)  # [b, t, k, q]
+  q = apply_rope(_project(p, "q", y, c.norm_eps), cos, sin)  # [b, t, h, q]
+  k = apply_rope(_project(p, "k", y, c.norm_eps), cos, sin)  # [b, t, k, q]
+  v = _project(p, "v", y, c.norm_eps)  # [b, t, k, q]
   if layer_kv is None:
     keys, values = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [b, k, t, q]
   else:  # write the block first, then attend over the whole cache with one [b, t, s] mask
@@ -110,10 +115,10 @@ def block(config: LlamaConfig, p: dict, x, layer_kv, ctx, collect_hidden: bool =
     backend, block_sizes, interpret = runtime_kernel(c.runtime)
     attended = tree_attention(q, keys, values, lengths, block_mask, backend=backend,
                               block_sizes=block_sizes, interpret=interpret)
-  x = x + dense(attended, p["o"], 2)
+  x = x + _dense(p, "o", attended)
   y = rms_norm(x, p["mlp_norm"], c.norm_eps)
-  gated = nn.silu(dense(y, p["gate"], 1)) * dense(y, p["up"], 1)  # [b, t, f]
-  x = x + dense(gated, p["down"], 1)
+  gated = nn.silu(_dense(p, "gate", y)) * _dense(p, "up", y)  # [b, t, f]
+  x = x + _dense(p, "down", gated)
   return x, (layer_kv, x if collect_hidden else None)
 
 

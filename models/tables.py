@@ -15,6 +15,7 @@ is sliced, and other backends always get the one dot.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.struct
@@ -29,6 +30,7 @@ PAD_FROM, PAD_ROWS_TO = 4, 8  # above 4 feature rows pad to a multiple of 8: 5-7
 # than 8, and 9-12 rows twice as slow as 16 (a 10-token SmolLM2 forward 5.3 one-token ones, 2.6)
 
 
+@functools.cache  # asked once per dense per layer at every trace
 def slices(v: int) -> int:
   """How many slices a v-row table is cut into: the divisor of v (at least MIN_SLICES, slices
   of at least MIN_SLICE_ROWS) whose slice is nearest SLICE_ROWS rows; 1 (not sliced) if none."""

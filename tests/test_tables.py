@@ -1,6 +1,5 @@
-"""models/table_dot: the sliced dot equals one dot against the whole table."""
+"""models/tables: the sliced dot and Tables equal one dot against the weight as loaded."""
 import jax
-import jax.numpy as jnp
 import jax.numpy as jnp
 import numpy as np
 import pytest
