@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh "test,reference"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec .venv/bin/python -m pytest -q -n "${PYTEST_WORKERS:-2}" "$@"
+# --durations: each CI log lists the slowest tests (the suite runs above its 35-minute budget)
+exec .venv/bin/python -m pytest -q -n "${PYTEST_WORKERS:-2}" --durations=30 "$@"
