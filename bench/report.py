@@ -3,8 +3,8 @@ from __future__ import annotations
 
 
 def table(header: list[str], rows: list[list]) -> str:
-  """A Markdown table; floats get 3 significant-ish digits."""
-  fmt = lambda x: f"{x:.3g}" if isinstance(x, float) and abs(x) < 100 else (
+  """A Markdown table; floats get 3 significant-ish digits, None a dash."""
+  fmt = lambda x: "-" if x is None else f"{x:.3g}" if isinstance(x, float) and abs(x) < 100 else (
       f"{x:.0f}" if isinstance(x, float) else str(x))
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join(fmt(x) for x in r) + " |" for r in rows]

@@ -26,6 +26,7 @@ import numpy as np
 
 from speculax.core.jsonfile import read_json_object, write_json_atomic
 from speculax.drafters import vocab_trim
+from speculax.models import distributed
 from speculax.models.checkpoints import Checkpointer
 from speculax.models.config import LlamaConfig
 
@@ -47,8 +48,10 @@ def save_drafter(folder: str | os.PathLike, drafter, params, target: str,
   if vocab_ids is not None:
     vocab_trim.check_order(vocab_ids, target_config.vocab_size, 1)
   with Checkpointer(folder / PARAMS, every=1, keep=1, async_save=False) as ck:
-    if ck.latest_step() != step:
+    if ck.latest_step() != step:  # every process saves its shards (params may span processes)
       ck.save(step, _floats_as(params, dtype), force=True)
+  if not distributed.is_primary():  # the rest is one process's to write
+    return folder / SPEC
   if vocab_ids is not None:
     np.save(folder / ORDER, np.asarray(vocab_ids, np.int32))
   spec = {"format": FORMAT, "kind": drafter.name, "fields": _fields(drafter),

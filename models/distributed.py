@@ -101,8 +101,9 @@ def put_global(x, sharding: jax.sharding.Sharding) -> jax.Array:
 
 
 def process_rows(sharding: jax.sharding.Sharding, n: int) -> slice:
-  """Rows [lo, hi) of an n-row global batch that this process's devices hold; the whole batch
-  in one process. Meshes from sharding.make_mesh keep a process's rows contiguous."""
+  """Rows [lo, hi) of an n-row global batch that this process's devices hold (sharding: of a
+  [n] array); the whole batch in one process. Meshes from sharding.make_mesh keep a process's
+  rows contiguous."""
   spans = {index[0].indices(n)[:2] for index in sharding.addressable_devices_indices_map((n,)).values()}
   lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
   if sum(b - a for a, b in spans) != hi - lo:
@@ -112,9 +113,12 @@ def process_rows(sharding: jax.sharding.Sharding, n: int) -> slice:
   return slice(lo, hi)
 
 
-def from_process_rows(sharding: jax.sharding.Sharding, local: np.ndarray, n: int) -> jax.Array:
-  """The n-row global array whose rows `process_rows(sharding, n)` are `local` in this process."""
-  return jax.make_array_from_process_local_data(sharding, local, (n, *np.shape(local)[1:]))
+def from_process_rows(sharding: jax.sharding.Sharding, local: np.ndarray, n: int,
+                      axis: int = 0) -> jax.Array:
+  """The global array with n rows along `axis` whose rows `process_rows` are `local` here."""
+  shape = list(np.shape(local))
+  shape[axis] = n
+  return jax.make_array_from_process_local_data(sharding, local, tuple(shape))
 
 
 def to_host(x) -> np.ndarray:

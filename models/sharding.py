@@ -101,6 +101,8 @@ def shard_cache(cache: KVCache, mesh, rules) -> KVCache:
   return _place(cache, KVCache(k=spec, v=spec, lengths=P("batch")), mesh, rules, "cache")
 
 
-def batch_sharding(mesh, rules, ndim: int) -> NamedSharding:
-  """Sharding of a per-sequence array [b, ...]: batch over the data axes, the rest replicated."""
-  return nn.logical_to_mesh_sharding(P("batch", *([None] * (ndim - 1))), mesh, rules)
+def batch_sharding(mesh, rules, ndim: int, axis: int = 0) -> NamedSharding:
+  """Sharding of a per-sequence array (the sequences along `axis`: [b, ...] by default): batch
+  over the data axes, the rest replicated."""
+  return nn.logical_to_mesh_sharding(
+      P(*(["batch" if i == axis else None for i in range(ndim)])), mesh, rules)

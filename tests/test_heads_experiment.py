@@ -16,6 +16,7 @@ from speculax.drafters.eagle import Eagle
 from speculax.drafters.medusa import Medusa
 from speculax.models.config import get_preset
 from speculax.models.load import LoadedModel
+from speculax.models.sharding import MeshConfig
 from speculax.train.distill import DistillConfig
 from speculax.train.corpus import token_rows
 from speculax.train.experiment import DataConfig, DistillExperiment, run
@@ -96,11 +97,20 @@ def test_saved_heads_load_and_decode_like_the_target(tiny, tiny_reference, train
   assert out.tokens == tiny_reference[:4]
 
 
+TRIMMED = HeadsConfig(Eagle(vocab_trim=64), batch_size=4, optim=OPTIM)
+
+
+@pytest.fixture(scope="module")
+def trimmed(model, tmp_path_factory):
+  """A finished 6-step EAGLE run with VocabTrim 64: (experiment, result)."""
+  exp = _exp(tmp_path_factory.mktemp("runs"), "eagle", TRIMMED)
+  return exp, run(exp, model=model)
+
+
 def test_trimmed_heads_train_on_kept_ids_and_decode_like_the_target(
-    model, tiny, tiny_reference, tmp_path):
+    model, tiny, tiny_reference, trimmed, tmp_path):
   cfg, params = tiny
-  exp = _exp(tmp_path, "eagle", HeadsConfig(Eagle(vocab_trim=64), batch_size=4, optim=OPTIM))
-  result = run(exp, model=model)
+  exp, result = trimmed
   assert 0 < result["heldout_acceptance_after"] < 1
   drafter, heads = registry.make("eagle", params, cfg, heads=exp.folder)
   assert drafter.vocab_trim == 64  # trained trimmed, served trimmed by default
@@ -110,6 +120,21 @@ def test_trimmed_heads_train_on_kept_ids_and_decode_like_the_target(
   with pytest.raises(ValueError, match="vocab_trim=300 must be in"):
     run(_exp(tmp_path, "big", HeadsConfig(Eagle(vocab_trim=300), batch_size=4, optim=OPTIM)),
         model=model)
+
+
+def test_heads_train_on_a_mesh_as_on_one_device(model, trimmed, tmp_path):
+  """The trimmed EAGLE run with the target sharded and the heads (and the kept output rows)
+  replicated over 8 devices, data 4 x tensor 2: the same params and held-out metrics."""
+  exp, one = trimmed
+  mesh = MeshConfig(data=4, tensor=2)
+  on_mesh = run(dataclasses.replace(exp, out_dir=str(tmp_path), mesh=mesh), model=model)
+  leaves = jax.tree.leaves(on_mesh["state"].params)
+  assert all(len(x.sharding.device_set) == 8 for x in leaves)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+               on_mesh["state"].params, one["state"].params)
+  assert on_mesh["heldout_after"]["acceptance"] == pytest.approx(
+      one["heldout_after"]["acceptance"], rel=1e-4)
+  assert on_mesh["heldout_after"]["acceptance"] != one["heldout_before"]["acceptance"]
 
 
 def test_distill_runs_on_the_same_runner_and_saves_a_loadable_draft_model(

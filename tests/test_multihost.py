@@ -19,7 +19,7 @@ import pytest
 from speculax.models import distributed
 from speculax.models.checkpoints import Checkpointer
 
-from multihost_worker import STEPS, decode, train
+from multihost_worker import STEPS, decode, train, train_heads
 
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 LAUNCH = pathlib.Path(__file__).parents[1] / "scripts" / "launch.sh"
@@ -71,6 +71,20 @@ def test_training_matches_one_process(two_processes, one_process):
     np.testing.assert_allclose(a, np.asarray(b), rtol=1e-5, atol=1e-6)
   # The run moved the params: equal after training, not merely equal at init.
   assert int(one_process.step) == STEPS
+
+
+def test_head_training_matches_one_process(two_processes, tiny, tmp_path):
+  """Medusa heads trained on the frozen target sharded over both processes' devices, saved by
+  both as one run folder, equal the same training in one process."""
+  from speculax.drafters.heads_io import load_drafter
+  from speculax.drafters.medusa import Medusa
+  ref = train_heads(*tiny, tmp_path)
+  _, got = load_drafter(two_processes / "medusa", Medusa, tiny[0])
+  _, here = load_drafter(tmp_path / "medusa", Medusa, tiny[0])
+  assert int(ref.step) == STEPS and float(np.abs(np.asarray(ref.params["w"])).max()) > 0
+  for name in ("w", "b"):
+    np.testing.assert_allclose(got[name], np.asarray(ref.params[name]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(here[name], np.asarray(ref.params[name]))
 
 
 def test_speculative_decoding_matches_one_process(two_processes, tiny):

@@ -30,11 +30,11 @@ from speculax.models.config import LlamaConfig
 from speculax.models.derive import truncated
 from speculax.models.distributed import primary_first
 from speculax.models.load import LoadedModel, load
-from speculax.models.sharding import MeshConfig
+from speculax.models.sharding import MeshConfig, make_mesh
 from speculax.train import corpus
 from speculax.train.distill import DistillConfig, eval_metrics
 from speculax.train.heads import HeadsConfig
-from speculax.train.loop import Target, fit, sharded_init
+from speculax.train.loop import Target, fit, place_frozen, replicate_rest, sharded_init
 from speculax.train.metrics_log import MetricsLog
 from speculax.train.teacher_cache import build_teacher_cache, params_fingerprint
 
@@ -145,14 +145,17 @@ def warm_start(folder: str, cls: type, like: dict, target: LlamaConfig) -> dict:
 
 
 def heldout_metrics(params, config: LlamaConfig, cfg, cache, frozen=None,
-                    batch_size: int = 8) -> dict[str, float]:
+                    batch_size: int = 8, mesh: MeshConfig | None = None) -> dict[str, float]:
   """Every objective metric, averaged over the held-out rows' batches. "acceptance" is the mean
-  1 - TV(p, q), the expected per-token acceptance; head drafters add per-depth metrics."""
+  1 - TV(p, q), the expected per-token acceptance; head drafters add per-depth metrics. With a
+  mesh every process reads each batch whole, and it is replicated over the mesh."""
   batch_size = min(batch_size, cache.n)
+  m = None if mesh is None else make_mesh(mesh)
+  place = jnp.asarray if m is None else (lambda v: replicate_rest(v, m))
   parts = []
   for lo in range(0, cache.n - batch_size + 1, batch_size):
-    b = {k: jnp.asarray(v) for k, v in cache.batch(np.arange(lo, lo + batch_size)).items()}
-    b["mask"] = jnp.ones(b["tokens"].shape, jnp.float32)
+    b = cache.batch(np.arange(lo, lo + batch_size))
+    b = {k: place(v) for k, v in (b | {"mask": np.ones(b["tokens"].shape, np.float32)}).items()}
     parts.append(eval_metrics(params, config, cfg, b, frozen))
   return {k: float(np.mean([m[k] for m in parts])) for k in parts[0]}
 
@@ -173,9 +176,6 @@ def run(exp: DistillExperiment, *, until: int | None = None,
   exp.data describes, train/corpus.py).
   """
   heads = isinstance(exp.distill, HeadsConfig)
-  if heads and exp.mesh is not None:
-    raise ValueError(f"experiment {exp.name}: head drafters train on one device for now; "
-                     f"drop mesh={exp.mesh}")
   model = load(exp.target) if model is None else model
   folder = exp.folder
   caches = folder if exp.teacher_dir is None else pathlib.Path(exp.teacher_dir)
@@ -196,7 +196,9 @@ def run(exp: DistillExperiment, *, until: int | None = None,
 
   teacher, held = teacher_cache("train", train_tokens), teacher_cache("heldout", held_tokens)
   state = sharded_init(s.params, s.config, exp.distill, exp.mesh)
-  evaluate = lambda st: heldout_metrics(st.params, s.config, exp.distill, held, s.frozen)
+  frozen = None if s.frozen is None else place_frozen(s.frozen, model.config, exp.mesh)
+  evaluate = lambda st: heldout_metrics(st.params, s.config, exp.distill, held, frozen,
+                                        mesh=exp.mesh)
   before = evaluate(state)
   with Checkpointer(folder / "checkpoints", every=exp.checkpoint_every, keep=exp.keep) as ck:
     if ck.latest_step() is not None:
@@ -204,7 +206,7 @@ def run(exp: DistillExperiment, *, until: int | None = None,
     log = MetricsLog(folder / "metrics.csv")
     on_policy = not heads and exp.distill.on_policy_fraction
     target = Target(model.params, model.config, exp.data.top_k) if on_policy else None
-    state = fit(state, s.config, exp.distill, train_tokens, teacher.batch, frozen=s.frozen,
+    state = fit(state, s.config, exp.distill, train_tokens, teacher.batch, frozen=frozen,
                 target=target, checkpointer=ck, log=log,
                 evaluate=lambda st: {f"heldout/{k}": v for k, v in evaluate(st).items()},
                 eval_every=exp.eval_every, log_every=exp.log_every, mesh=exp.mesh, until=until)

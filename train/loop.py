@@ -19,11 +19,12 @@ from tqdm.auto import tqdm
 from speculax.core.sampling import SamplingConfig
 from speculax.decode.config import GenerateConfig
 from speculax.decode.generate import generate
-from speculax.models import distributed, sharding
+from speculax.models import distributed, llama, sharding
 from speculax.models.config import LlamaConfig
 from speculax.models.sharding import MeshConfig, make_mesh
 from speculax.train.data import batch_rows
 from speculax.train.distill import DistillConfig, TrainState, init_state, teacher_topk, train_step
+from speculax.train.teacher_cache import ROW_AXIS
 
 Teacher = Callable[[np.ndarray], dict]  # rows [b] -> {"ids", "logprobs"} [b, t, K]
 
@@ -46,10 +47,28 @@ def sharded_init(params, config: LlamaConfig, cfg: DistillConfig,
   if mesh is None:
     return init_state(params, cfg)
   m = make_mesh(mesh)
-  state = init_state(sharding.shard_params(params, config, m, mesh.rules), cfg)
-  on_mesh = lambda x: isinstance(x.sharding, NamedSharding) and x.sharding.mesh == m
+  # A head drafter's params are not the target's tree (and are small): replicated below.
+  placed = sharding.shard_params(params, config, m, mesh.rules) if isinstance(
+      cfg, DistillConfig) else params
+  return replicate_rest(init_state(placed, cfg), m)
+
+
+def place_frozen(frozen: dict, config: LlamaConfig, mesh: MeshConfig | None) -> dict:
+  """A head drafter's frozen target params on the mesh: the target's own leaves sharded by the
+  rules table, extra entries (a trimmed head's rows) replicated; as they are without a mesh."""
+  if mesh is None:
+    return frozen
+  m = make_mesh(mesh)
+  own = {name: frozen[name] for name in llama.param_axes(config)}
+  return replicate_rest({**frozen, **sharding.shard_params(own, config, m, mesh.rules)}, m)
+
+
+def replicate_rest(tree, m: jax.sharding.Mesh):
+  """Every leaf not yet on mesh m, replicated over it (each process fills its own shards)."""
+  on_mesh = lambda x: isinstance(x, jax.Array) and isinstance(
+      x.sharding, NamedSharding) and x.sharding.mesh == m
   replicated = NamedSharding(m, P())
-  return jax.tree.map(lambda x: x if on_mesh(x) else distributed.put_global(x, replicated), state)
+  return jax.tree.map(lambda x: x if on_mesh(x) else distributed.put_global(x, replicated), tree)
 
 
 def on_policy_rows(state: TrainState, config: LlamaConfig, cfg: DistillConfig, target: Target,
@@ -118,9 +137,10 @@ def fit(state: TrainState, config: LlamaConfig, cfg, tokens: np.ndarray, teacher
   # every process's rows (in one process: all rows, placed on the mesh).
   part = slice(None) if m is None else distributed.process_rows(
       sharding.batch_sharding(m, mesh.rules, 1), cfg.batch_size)
-  place = (lambda v: jnp.asarray(v)) if m is None else (
-      lambda v: distributed.from_process_rows(sharding.batch_sharding(m, mesh.rules, np.ndim(v)),
-                                              v, cfg.batch_size))
+  place = (lambda name, v: jnp.asarray(v)) if m is None else (
+      lambda name, v: distributed.from_process_rows(
+          sharding.batch_sharding(m, mesh.rules, np.ndim(v), ROW_AXIS.get(name, 0)), v,
+          cfg.batch_size, ROW_AXIS.get(name, 0)))
   start = int(state.step)
   stop = cfg.steps if until is None else min(until, cfg.steps)
   bar = tqdm(range(start, stop), initial=start, total=cfg.steps,
@@ -128,7 +148,7 @@ def fit(state: TrainState, config: LlamaConfig, cfg, tokens: np.ndarray, teacher
   t0 = time.perf_counter()
   for step in bar:
     batch = make_batch(state, config, cfg, tokens, teacher, target, step, part)
-    batch = {k: place(v) for k, v in batch.items()}
+    batch = {k: place(k, v) for k, v in batch.items()}
     state, metrics = train_step(state, batch, config, cfg, frozen)
     done = step + 1
     if log is not None and (done % log_every == 0 or done == cfg.steps):

@@ -40,6 +40,8 @@ FORMAT = "speculax-teacher-cache-v1"
 # Full log-probs are n * t * v floats: fine for tiny test vocabularies, not for real ones.
 FULL_VOCAB_LIMIT = 4096
 _META, _PROGRESS = "meta.json", "progress.json"
+# The axis of each batch array that holds the rows (every other array: axis 0).
+ROW_AXIS = {"hidden": 1}
 
 
 # ----- building -----
