@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import sys
 import time
 
@@ -27,6 +28,7 @@ from speculax.decode.goodput import Goodput
 from speculax.decode.pearl import FORMS, draft_device, pearl_generate
 from speculax.decode.speculative import speculative_generate
 from speculax.models.sharding import MeshConfig
+from speculax.verifiers.judge import Judge
 from speculax.verifiers.typical import Typical
 
 DEFAULT_HUMANEVAL = 4
@@ -67,6 +69,11 @@ def add_parser(sub) -> None:
                  metavar="THRESHOLD,ALPHA",
                  help="LOSSY: Medusa's typical acceptance instead of the lossless rule (chains, "
                       "sampled decoding; default 0.09,0.3): faster, no longer the target's law")
+  p.add_argument("--lossy-judge", default=None, metavar="FILE",
+                 help="LOSSY: also keep drafts a judge head (.npz, research/train_judge.py) "
+                      "calls correct (chains, greedy too): faster, no longer the target's output")
+  p.add_argument("--judge-threshold", type=float, default=None, metavar="P",
+                 help="the judge's score above which it keeps a draft (default: the file's)")
   p.add_argument("--pearl", choices=FORMS, default=None,
                  help="PEARL: the draft model (--drafter draft-model, a chain) drafts while the "
                       "target verifies; two-device puts it on the second device (on CPU: "
@@ -98,6 +105,18 @@ def _typical(text: str) -> Typical:
   return Typical(*values)  # checks each is in (0, 1)
 
 
+def _lossy(args) -> Typical | Judge | None:
+  if args.lossy_typical is not None and args.lossy_judge is not None:
+    raise ValueError("--lossy-typical and --lossy-judge are two rules; give one")
+  if args.judge_threshold is not None and args.lossy_judge is None:
+    raise ValueError("--judge-threshold goes with --lossy-judge FILE")
+  if args.lossy_judge is not None:
+    if not pathlib.Path(args.lossy_judge).is_file():
+      raise ValueError(f"--lossy-judge {args.lossy_judge!r}: no such file")
+    return Judge.load(args.lossy_judge, args.judge_threshold)
+  return None if args.lossy_typical is None else _typical(args.lossy_typical)
+
+
 def run(args) -> int:
   from speculax.models.assets import humaneval_prompts
 
@@ -107,9 +126,10 @@ def run(args) -> int:
   check_drafter_options(args.drafter, options, fields)  # before the model load, which takes seconds
   if args.goodput and args.drafter == "none":
     raise ValueError("--goodput picks a drafter's draft length; give --drafter")
-  lossy = None if args.lossy_typical is None else _typical(args.lossy_typical)
+  lossy = _lossy(args)
   if lossy is not None and args.drafter == "none":
-    raise ValueError("--lossy-typical checks a drafter's drafts; give --drafter")
+    raise ValueError(f"--lossy-{'judge' if isinstance(lossy, Judge) else 'typical'} checks a "
+                     f"drafter's drafts; give --drafter")
   if args.pearl and args.drafter != "draft-model":
     raise ValueError(f"--pearl drafts with a draft model; give --drafter draft-model, not "
                      f"{args.drafter}")
@@ -145,7 +165,7 @@ def run(args) -> int:
   else:
     spec = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling,
                       eos_ids=tok.eos_ids, goodput=Goodput() if args.goodput else None,
-                      lossy_typical=lossy)
+                      lossy=lossy)
     if args.pearl:
       out = pearl_generate(model.params, model.config, prompts, drafter, spec, dparams, key,
                            draft_device(args.pearl), warmup=True)

@@ -6,6 +6,7 @@ import dataclasses
 from speculax.core.fields import Checked, field
 from speculax.core.sampling import SamplingConfig
 from speculax.decode.goodput import Goodput
+from speculax.verifiers.judge import Judge
 from speculax.verifiers.typical import Typical
 
 
@@ -34,6 +35,7 @@ class SpecConfig(GenerateConfig):
   # most expected tokens per second, by this policy and the step costs the run is given (data,
   # not config: decode/calibrate.py measures them); None: always k.
   goodput: Goodput | None = None
-  # LOSSY, off by default: Medusa's typical acceptance in place of the lossless rule (chains,
-  # sampled decoding; greedy output is unchanged), verifiers/typical.py.
-  lossy_typical: Typical | None = None
+  # LOSSY, off by default, chains only: a rule that keeps drafts the lossless rule may reject:
+  # Medusa's typical acceptance (verifiers/typical.py; greedy output is unchanged) or a judge
+  # head on the target's features (verifiers/judge.py; greedy output changes where it fires).
+  lossy: Typical | Judge | None = None

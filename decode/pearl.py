@@ -234,9 +234,9 @@ def pearl_generate(params, config: LlamaConfig, prompts, drafter: DraftModel,
   if drafter.exit_threshold is not None:
     raise ValueError(f"PEARL drafts k tokens while the target verifies; early exit "
                      f"(exit_threshold={drafter.exit_threshold}) does not apply")
-  if spec.goodput is not None or spec.lossy_typical is not None:
+  if spec.goodput is not None or spec.lossy is not None:
     raise ValueError("PEARL runs lossless chain rejection with its own adaptive length: drop "
-                     f"goodput={spec.goodput} and lossy_typical={spec.lossy_typical}")
+                     f"goodput={spec.goodput} and lossy={spec.lossy}")
   target_device = jax.devices()[0]
   if draft_device is not None and draft_device == target_device:
     raise ValueError(f"draft_device {draft_device} is the target's device; pass another one "

@@ -30,6 +30,7 @@ from speculax.models.config import LlamaConfig
 from speculax.models.kvcache import KVCache
 from speculax.models.sharding import MeshConfig
 from speculax.verifiers.chain import ChainVerifier, emitted_tokens
+from speculax.verifiers.judge import Judge
 
 
 @flax.struct.dataclass
@@ -87,8 +88,8 @@ def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Draft
   forward = lambda tokens, positions, mask: llama.forward(
       params, config, tokens, positions, view.cache, mask, hidden_layers=layers)
   verifier = drafter.verifier() if k else ChainVerifier()
-  if spec.lossy_typical is not None:
-    verifier = dataclasses.replace(verifier, lossy_typical=spec.lossy_typical)
+  if spec.lossy is not None:
+    verifier = dataclasses.replace(verifier, lossy=spec.lossy)
   verified, cache = verifier.verify(k_verify, draft, view.pending, view.lengths - 1, forward,
                                     spec.sampling, config.vocab_size)
   n_acc = verified.n_accepted
@@ -171,6 +172,19 @@ def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidd
       budget=budget)
 
 
+def check_lossy(spec: SpecConfig, drafter: Drafter, config: LlamaConfig) -> None:
+  """A judge reads the target's final features at the drafts' slots, which the verify forward
+  returns last of the drafter's hidden layers: a drafter reading others last (EAGLE-3's low,
+  mid and high layers) is refused, as is a head of another width."""
+  if not isinstance(spec.lossy, Judge):
+    return
+  spec.lossy.check(config.d_model)
+  last = (drafter.hidden_layers or (-1,))[-1]
+  if last % (config.n_layers + 1) != config.n_layers:
+    raise ValueError(f"a judge head reads the target's final features; the {drafter.name} "
+                     f"drafter's verify forward returns layers {drafter.hidden_layers}")
+
+
 def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
                          spec: SpecConfig = SpecConfig(), drafter_params=None,
                          key: jax.Array | None = None, mesh: MeshConfig | None = None,
@@ -189,8 +203,9 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   if spec.goodput is not None and verifier is not ChainVerifier:
     raise ValueError(f"goodput-driven draft length picks a chain's length; the {drafter.name} "
                      f"drafter here verifies with {verifier.__name__}")
-  if spec.lossy_typical is not None and verifier is not ChainVerifier:
-    raise ValueError(f"typical acceptance (lossy) checks a chain; the {drafter.name} drafter "
+  check_lossy(spec, drafter, config)
+  if spec.lossy is not None and verifier is not ChainVerifier:
+    raise ValueError(f"{spec.lossy} (lossy) checks a chain; the {drafter.name} drafter "
                      f"here verifies with {verifier.__name__}")
   if (spec.goodput is None) != (step_costs is None):
     raise ValueError("step_costs go with spec.goodput and only with it (decode/calibrate.py "
@@ -212,4 +227,4 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
       accepted_at=np.asarray(state.accepted_at), drafted=int(state.drafted),
       k_steps=None if state.goodput is None else np.asarray(state.goodput.steps),
       step_costs=costs, drafter_state=state.drafter,
-      lossy=None if spec.lossy_typical is None else f"typical acceptance {spec.lossy_typical}")
+      lossy=None if spec.lossy is None else str(spec.lossy))

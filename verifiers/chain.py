@@ -31,16 +31,18 @@ import jax.numpy as jnp
 from speculax.core import rejection
 from speculax.core.sampling import SamplingConfig, probs, sample
 from speculax.core.types import Draft, Verified
-from speculax.verifiers import typical as typical_rule
 from speculax.verifiers.base import Forward, Verifier, safe_tokens
+from speculax.verifiers.judge import Judge
 from speculax.verifiers.typical import Typical
+
+Lossy = Typical | Judge  # the LOSSY acceptance rules (off by default)
 
 
 @dataclasses.dataclass(frozen=True)
 class ChainVerifier(Verifier):
   """k drafts in a row after the pending token; keeps the longest acceptable prefix (with
-  `lossy_typical`, by Medusa's typical acceptance instead of the lossless rule)."""
-  lossy_typical: Typical | None = None
+  `lossy`, by Medusa's typical acceptance or a judge head instead of the lossless rule)."""
+  lossy: Lossy | None = None
 
   def block_shape(self, k: int) -> tuple[int, int]:
     return k, k
@@ -61,7 +63,8 @@ class ChainVerifier(Verifier):
     def run(m):  # verifies the first m drafts with one forward of m + 1 tokens
       logits, hidden, cache = forward(block[:, :m + 1], root[:, None] + jnp.arange(m + 1), None)
       n_acc, nxt = verify_chain(key, logits, drafts[:, :m], None if q is None else q[:, :m],
-                                sampling, jnp.minimum(length, m), self.lossy_typical)
+                                sampling, jnp.minimum(length, m), self.lossy,
+                                hidden[-1, :, 1:])  # the final features at the drafts' slots
       pad = lambda x, axis: jnp.pad(x, [(0, k - m if a == axis else 0) for a in range(x.ndim)])
       return pad(logits, 1), pad(hidden, 2), cache, n_acc, nxt
 
@@ -81,7 +84,9 @@ def verify_chain(
     draft_probs: jax.Array | None,  # [b, k, v] drafter's q after `sampling`; None for greedy
     sampling: SamplingConfig,
     length: jax.Array | None = None,  # [b] int32 in [0, k] drafts to check; None: k
-    lossy_typical: Typical | None = None,  # LOSSY: Medusa's typical acceptance (sampled only)
+    lossy: Lossy | None = None,  # LOSSY: typical acceptance or a judge head
+    draft_hidden: jax.Array | None = None,  # [b, k, d] the target's final features at the
+    # drafts' own slots (a judge reads them)
 ) -> tuple[jax.Array, jax.Array]:
   """Returns (n_accepted [b] int32 in [0, length or k], next_token [b] int32); k = 0 is a plain
   decoding step (next_token drawn from p at the pending token).
@@ -96,10 +101,10 @@ def verify_chain(
     return jnp.zeros(draft_tokens.shape[:1], jnp.int32), sample(key, target_logits[:, 0],
                                                                 sampling)
   checked = jnp.ones((1, k), bool) if length is None else jnp.arange(k)[None] < length[:, None]
-  if sampling.greedy:  # typical acceptance of a one-hot p is this very rule
+  if lossy is not None:
+    return _verify_lossy(key, target_logits, draft_tokens, draft_hidden, sampling, checked, lossy)
+  if sampling.greedy:
     return _verify_greedy(target_logits, draft_tokens, checked)
-  if lossy_typical is not None:
-    return _verify_typical(key, target_logits, draft_tokens, sampling, checked, lossy_typical)
   return _verify_sampled(key, target_logits, draft_tokens, draft_probs, sampling, checked)
 
 
@@ -146,9 +151,11 @@ def _verify_greedy(target_logits, draft_tokens, checked):
   return n, next_token
 
 
-def _verify_typical(key, target_logits, draft_tokens, sampling, checked, rule: Typical):
+def _verify_lossy(key, target_logits, draft_tokens, draft_hidden, sampling, checked, rule: Lossy):
+  """The rule's kept prefix, then the target's token from p (one-hot when greedy, so its
+  argmax) at the first draft not kept."""
   p = probs(target_logits, sampling)  # [b, k+1, v]
-  n = rejection.accepted_prefix(typical_rule.kept(rule, p[:, :-1], draft_tokens) & checked)
+  n = rejection.accepted_prefix(rule.kept(p[:, :-1], draft_tokens, draft_hidden) & checked)
   u = jax.random.uniform(key, n.shape)  # [b]
   return n, rejection.inverse_cdf(u, p[jnp.arange(n.shape[0]), n])  # p, not the residual
 

@@ -1,5 +1,5 @@
 """Typical acceptance (Medusa, Cai et al. 2024), a LOSSY rule: off by default, and named lossy
-wherever it appears (SpecConfig.lossy_typical, the summary, the CLI flag).
+wherever it appears (SpecConfig.lossy, the summary, the CLI flag).
 
 Draft x at a position is kept when the target's probability of it clears an entropy-scaled bar,
 p(x) > min(posterior_threshold, posterior_alpha * exp(-H(p))), in order, and the step then draws
@@ -26,11 +26,15 @@ class Typical(Checked):
   posterior_threshold: float = field(0.09, gt=0, lt=1)  # the bar on a flat p (Medusa's epsilon)
   posterior_alpha: float = field(0.3, gt=0, lt=1)  # the bar's scale on a peaked p (delta)
 
+  def kept(self, p: jax.Array, draft_tokens: jax.Array, hidden: jax.Array | None = None
+           ) -> jax.Array:
+    """p [b, k, v] the target's law at each draft's slot (after sampling settings),
+    draft_tokens [b, k] -> [b, k] bool: the draft clears the typical bar there (hidden, the
+    target's features, is not read)."""
+    entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), -1)  # [b, k]
+    bar = jnp.minimum(self.posterior_threshold, self.posterior_alpha * jnp.exp(-entropy))
+    px = jnp.take_along_axis(p, draft_tokens[..., None], -1)[..., 0]  # [b, k]
+    return px > bar
 
-def kept(rule: Typical, p: jax.Array, draft_tokens: jax.Array) -> jax.Array:
-  """p [b, k, v] the target's law at each draft's slot (after sampling settings), draft_tokens
-  [b, k] -> [b, k] bool: the draft clears the typical bar there."""
-  entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), -1)  # [b, k]
-  bar = jnp.minimum(rule.posterior_threshold, rule.posterior_alpha * jnp.exp(-entropy))
-  px = jnp.take_along_axis(p, draft_tokens[..., None], -1)[..., 0]  # [b, k]
-  return px > bar
+  def __str__(self) -> str:
+    return f"typical acceptance {self.posterior_threshold}/{self.posterior_alpha}"
