@@ -82,7 +82,8 @@ def peer_row(model, hf, calls, panel: list[dict], ids, cfg: BenchConfig, k: int)
                      batch).tokens
   base = max(r["tokens_per_s"] for r in panel if r["drafter"] is None)
   tau = n_tokens / rows
-  return dict(panel[0], method=PEER, drafter="transformers", k=k, tau=tau, acceptance=[],
+  return dict({n: panel[0][n] for n in ("suite", "batch", "sampling")}, method=PEER,
+              drafter="transformers", k=k, tau=tau, acceptance=[],
               drafts_per_step=None, k_steps=None, pearl=None, step_costs=None,
               tokens_per_s=n_tokens / wall, compile_s=0.0, drafter_mb=0.0, peak_memory_mb=None,
               sequences=len(tokens), same_as_ar=sum(a == b for a, b in zip(tokens, ours)),
@@ -108,7 +109,8 @@ def main():
   hf_limit = _hf_batch_limit(hf, ids, args.k, calls)
   print(f"transformers prompt lookup at batch > 1: {hf_limit or 'supported'}", flush=True)
   command = "python -m speculax.research.bench_speculative " + " ".join(
-      f"--{n.replace('_', '-')} {v}" for n, v in vars(args).items() if v is not None)
+      f"{'-' if len(n) == 1 else '--'}{n.replace('_', '-')} {v}"
+      for n, v in vars(args).items() if v is not None)
   result = None
   for batch in (int(b) for b in args.batch_sizes.split(",")):
     cfg = BenchConfig(methods=methods(args.k, skip), target=args.model, prompts=args.prompts,
