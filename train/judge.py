@@ -54,8 +54,10 @@ def examples(params, config, rows: list[list[int]], starts: list[int], cfg: Judg
                      f"({config.vocab_size})")
   rng = np.random.default_rng(cfg.seed)
   positions = jnp.arange(width, dtype=jnp.int32)[None]
-  run = lambda x: llama.forward_jit(params, config, jnp.asarray(x), jnp.broadcast_to(
-      positions, x.shape), hidden_layers=(-1,))[:2]
+  # logits only where they are read (the law before each corrupted slot): the output layer
+  # over every position of every row would be most of the work.
+  run = lambda x, at: llama.forward_jit(params, config, jnp.asarray(x), jnp.broadcast_to(
+      positions, x.shape), hidden_layers=(-1,), logits_at=jnp.asarray(at, jnp.int32))[:2]
   features, labels = [], []
   for row, start in zip(tqdm(rows, desc="judge examples", disable=None), starts):
     if not 1 <= start < len(row) <= width:
@@ -63,16 +65,16 @@ def examples(params, config, rows: list[list[int]], starts: list[int], cfg: Judg
                        f"{width}), got start {start} for a row of {len(row)} tokens")
     padded = np.zeros((1, width), np.int32)
     padded[0, :len(row)] = row
-    logits, hidden = run(padded)  # [1, t, v], [1, 1, t, d]
+    slots = rng.integers(start, len(row), cfg.negatives)  # [m] answer slots to corrupt
+    logits, hidden = run(padded, (slots - 1)[None])  # [1, m, v], [1, 1, t, d]
     features.append(np.asarray(hidden[0, 0, start:len(row)]))
     labels.append(np.ones(len(row) - start, np.float32))
-    slots = rng.integers(start, len(row), cfg.negatives)  # [m] answer slots to corrupt
-    order = np.argsort(-np.asarray(logits[0, slots - 1]), -1)  # [m, v] the law before each
+    order = np.argsort(-np.asarray(logits[0]), -1)  # [m, v] the law before each slot
     wrong = order[np.arange(cfg.negatives),
                   rng.integers(cfg.wrong_rank, config.vocab_size, cfg.negatives)]
     copies = np.repeat(padded, cfg.negatives, 0)
     copies[np.arange(cfg.negatives), slots] = wrong
-    _, hidden = run(copies)  # [1, m, t, d]
+    _, hidden = run(copies, slots[:, None])  # [1, m, t, d]
     features.append(np.asarray(hidden[0, np.arange(cfg.negatives), slots]))
     labels.append(np.zeros(cfg.negatives, np.float32))
   return np.concatenate(features), np.concatenate(labels)
