@@ -38,10 +38,12 @@ def loader(cfg: BenchConfig) -> Callable:
 
 
 def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Path | None = None,
-        command: str = "", echo=print) -> dict:
+        command: str = "", echo=print, references: dict | None = None) -> dict:
   """The result dict (machine, date, config, lone-forward seconds, rows), written after every
   panel to <out>/<name>.json (with .md and .png at the end) when `out` is given. model: the
-  loaded target (default: cfg.target loaded)."""
+  loaded target (default: cfg.target loaded). references: a dict the run fills with each
+  panel's autoregressive tokens ((suite, batch, sampling) -> one token list per prompt), for a
+  caller that compares a peer's output without decoding again."""
   load = loader(cfg)
   model = load(cfg.target) if model is None else model
   want = max(cfg.prompts, *cfg.batch_sizes)
@@ -97,6 +99,8 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
              + (f", same as AR {row['same_as_ar']}/{row['sequences']}"
                 if row["same_as_ar"] is not None else ""))
     result["rows"] += panel
+    if references is not None:
+      references[(suite, batch, sampling_name(temperature))] = reference
     if out is not None:
       _write_json(result, out)
   bar.close()

@@ -22,9 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from speculax.bench import run as bench_run
 from speculax.bench import suites
 from speculax.bench.config import BenchConfig, method
-from speculax.bench.measure import run_prompts
 from speculax.bench.report import markdown
-from speculax.decode.config import GenerateConfig
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models.load import load
 from speculax.research.common import add_target_and_out, hf_model
@@ -67,9 +65,11 @@ def _hf_batch_limit(hf, prompts, k: int, calls: list) -> str | None:
     return str(e)
 
 
-def peer_row(model, hf, calls, panel: list[dict], ids, cfg: BenchConfig, k: int) -> dict:
+def peer_row(hf, calls, panel: list[dict], ours: list[list[int]], ids, cfg: BenchConfig,
+             k: int) -> dict:
   """transformers' prompt lookup on the panel's prompts (decoded as bench.run decodes them), as
-  a row of the panel: x AR over the panel's faster autoregressive row, tokens against ours."""
+  a row of the panel: x AR over the panel's faster autoregressive row, tokens against ours
+  (the panel's autoregressive tokens)."""
   batch = panel[0]["batch"]
   chunk = ids[:cfg.prompts] if batch == 1 else ids[:batch]
   wall = n_tokens = forwards = rows = 0
@@ -78,8 +78,6 @@ def peer_row(model, hf, calls, panel: list[dict], ids, cfg: BenchConfig, k: int)
     w, new, fwd = _hf_pld(hf, chunk[i:i + batch], cfg.new_tokens, k, calls)
     wall, n_tokens, tokens = wall + w, n_tokens + sum(map(len, new)), tokens + new
     forwards, rows = forwards + fwd, rows + fwd * batch
-  ours = run_prompts(model, chunk, None, None, GenerateConfig(max_new_tokens=cfg.new_tokens),
-                     batch).tokens
   base = max(r["tokens_per_s"] for r in panel if r["drafter"] is None)
   tau = n_tokens / rows
   return dict({n: panel[0][n] for n in ("suite", "batch", "sampling")}, method=PEER,
@@ -115,9 +113,12 @@ def main():
   for batch in (int(b) for b in args.batch_sizes.split(",")):
     cfg = BenchConfig(methods=methods(args.k, skip), target=args.model, prompts=args.prompts,
                       batch_sizes=(batch,), new_tokens=args.new_tokens)
-    part = bench_run.run(cfg, "bench_speculative", model=model, command=command)
+    references = {}
+    part = bench_run.run(cfg, "bench_speculative", model=model, command=command,
+                         references=references)
     if batch == 1 or hf_limit is None:
-      part["rows"].append(peer_row(model, hf, calls, part["rows"], ids, cfg, args.k))
+      ours, = references.values()
+      part["rows"].append(peer_row(hf, calls, part["rows"], ours, ids, cfg, args.k))
     result = part if result is None else dict(result, rows=result["rows"] + part["rows"])
   result["peer_batch_limit"] = hf_limit
   paths = bench_run.write(result, args.out)

@@ -11,6 +11,8 @@ from speculax.bench.config import BenchConfig, Method, load_config, method, ship
 from speculax.bench.run import run
 from speculax.cli.main import main
 from speculax.core import overrides
+from speculax.decode.config import GenerateConfig
+from speculax.decode.generate import generate
 from speculax.models.load import LoadedModel
 
 
@@ -43,8 +45,14 @@ CFG = BenchConfig(
 
 def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_path):
   cfg = dataclasses.replace(CFG, suites=(str(prompts_file),))
-  result = run(cfg, "t", model=LoadedModel(*tiny, Bytes()), out=tmp_path, echo=None)
+  references = {}
+  result = run(cfg, "t", model=LoadedModel(*tiny, Bytes()), out=tmp_path, echo=None,
+               references=references)
   rows = result["rows"]
+  ids = suites.encode(Bytes(), suites.suite(str(prompts_file), 2))
+  ar = generate(tiny[1], tiny[0], ids, GenerateConfig(max_new_tokens=cfg.new_tokens)).tokens
+  assert references == {(str(prompts_file), 1, "greedy"): ar[:1],
+                        (str(prompts_file), 2, "greedy"): ar}  # each panel's AR tokens
   names = ["autoregressive", *(m.name for m in cfg.methods), "autoregressive, again"]
   assert [r["method"] for r in rows] == names * 2  # two panels: batch 1 and batch 2
   assert [r["batch"] for r in rows] == [1] * 6 + [2] * 6
