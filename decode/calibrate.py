@@ -3,9 +3,7 @@ loop step drafting k = 0..K, at the batch and on the prompts it will serve.
 
 Each length is timed in the serving loop itself (the same static config and shapes, so one
 compile serves calibration and decoding), forced to that length by a cost vector in which only
-it is finite, over a short run (`new_tokens`, below the serving budget). Every branch of the
-loop so runs before it is served: the first execution of a branch is slow on XLA:CPU (a
-goodput loop's first run took 1.4x its second), and the one-step warm-up reaches one branch.
+it is finite, over a short run (`new_tokens`, below the serving budget).
 """
 from __future__ import annotations
 

@@ -38,6 +38,10 @@ class Program:
   loop: Callable[[Any, Any], Any]  # (params, state) -> state, run until every row is done
   # state -> (buffer [b, W], first [b], n [b]): row i's new tokens are buffer[i, first:first + n].
   new_tokens: Callable[[Any], tuple[jax.Array, jax.Array, jax.Array]]
+  # state -> the states the warm-up runs one loop step from, each with buffers of its own (the
+  # loop donates its state): a loop with branches gives one state per branch, since a compiled
+  # branch's first execution is slow on XLA:CPU and would land in the timed run.
+  warm_states: Callable[[Any], list] = lambda state: [state]
 
 
 @functools.partial(jax.jit, static_argnames=("config", "hidden_layers"), donate_argnames=("cache",))
@@ -84,7 +88,7 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
   DecodeOutput of what every decode reports (tokens, timings, target forwards).
 
   warmup: compile the prefill and the loop first and run one loop step (on a copy of the
-  cache), timed as compile_s, so prefill_s and decode_s measure only the run itself: the first
+  cache; one per branch of a loop with branches: Program.warm_states), timed as compile_s, so prefill_s and decode_s measure only the run itself: the first
   execution of a compiled step is slow on XLA:CPU (an AR loop 1.28 s cold, 1.21 s warm), and a
   loop that ran no step would pay it in the timed run.
   new_tokens: this run's most new tokens per prompt (None: gen.max_new_tokens, which sizes the
@@ -119,7 +123,8 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
       t = time.perf_counter()
       # one loop step: the prefill's token and one more
       warm = begin(jax.tree.map(jnp.copy, cache), min(2, budget))
-      jax.block_until_ready(program.loop(params, warm))
+      for state in program.warm_states(warm):
+        jax.block_until_ready(program.loop(params, state))
       compile_s = time.perf_counter() - t
     t0 = time.perf_counter()
     state = jax.block_until_ready(begin(cache, budget))

@@ -128,9 +128,9 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
     return jax.lax.while_loop(running, functools.partial(step, spec.k), state)
   choice = lambda s: goodput.choose(spec.goodput, s.goodput)
 
-  def segment(k):  # steps of k drafts for as long as k stays the choice
+  def segment(k):  # steps of k drafts for as long as k stays the choice (it is on entry)
     same = lambda s: running(s) & (choice(s) == k)
-    return lambda s: jax.lax.while_loop(same, functools.partial(step, k), step(k, s))
+    return lambda s: jax.lax.while_loop(same, functools.partial(step, k), s)
 
   # The switch picks a segment, not a step: XLA copies every buffer a conditional updates in
   # place (the whole KV cache, at both ends), so with a switch per step a plain step cost
@@ -170,6 +170,20 @@ def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidd
       drafted=jnp.zeros((), jnp.int32),
       goodput=None if spec.goodput is None else goodput.GoodputState.init(step_costs),
       budget=budget)
+
+
+def warm_states(state: SpecState) -> list[SpecState]:
+  """The warm-up's states: one per draft length of a goodput loop (its costs forcing that
+  length, every leaf copied: each is donated), so every segment's step has run once before the
+  timed run; a fixed-k loop's state as it is."""
+  if state.goodput is None:
+    return [state]
+  costs = state.goodput.step_costs  # [K + 1]
+  # An op on the costs themselves: the same placement (and committedness), so the warm-up runs
+  # the very executable the timed run will (jit caches on both).
+  forced = lambda k: jnp.where(jnp.arange(costs.shape[0]) == k, jnp.ones_like(costs), jnp.inf)
+  return [jax.tree.map(jnp.copy, state.replace(goodput=state.goodput.replace(step_costs=forced(k))))
+          for k in range(costs.shape[0])]
 
 
 def check_lossy(spec: SpecConfig, drafter: Drafter, config: LlamaConfig) -> None:
@@ -219,7 +233,7 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
       start=lambda params, *args: _start(params, drafter_params, config, spec, drafter, *args,
                                          step_costs=costs),
       loop=lambda params, state: spec_loop(params, drafter_params, config, spec, drafter, state),
-      new_tokens=lambda s: (s.history, s.lengths - s.n_out, s.n_out))
+      new_tokens=lambda s: (s.history, s.lengths - s.n_out, s.n_out), warm_states=warm_states)
   state, out = engine.run(params, config, prompts, spec, program, key, mesh, warmup,
                           new_tokens)
   return dataclasses.replace(

@@ -18,7 +18,7 @@ from speculax import api
 from speculax.core import tau
 from speculax.core.sampling import SamplingConfig
 from speculax.core.types import Draft, TargetView, Verified
-from speculax.decode import goodput
+from speculax.decode import goodput, speculative
 from speculax.decode.calibrate import calibrate
 from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
@@ -286,3 +286,38 @@ def test_api_reuses_measured_costs(tiny, monkeypatch):
   np.testing.assert_array_equal(again.step_costs, first.step_costs)
   with pytest.raises(ValueError, match="k=3 \\(4 numbers\\)"):
     run([1.0, 2.0])
+
+
+def test_warm_up_runs_every_length_on_the_served_executable(tiny, monkeypatch):
+  """The warm-up runs one step from a state forced to each length (a segment's first execution
+  is slow on XLA:CPU), each with buffers of its own and the served state's placement, so the
+  timed run reuses the warm-up's executable: one compile for the whole call."""
+  cfg, params = tiny
+  spec = SpecConfig(k=3, max_new_tokens=NEW, goodput=Goodput())
+  seen, real = [], speculative.warm_states
+
+  def record(state):
+    states = real(state)
+    meta = lambda s: [(x.sharding, x.committed, x.unsafe_buffer_pointer())
+                      for x in jax.tree.leaves(s.replace(key=None))]
+    seen.append((None if state.goodput is None else
+                 [int(goodput.choose(spec.goodput, s.goodput)) for s in states],
+                 meta(state), [meta(s) for s in states]))
+    return states
+
+  monkeypatch.setattr(speculative, "warm_states", record)
+  compiled = spec_loop._cache_size()
+  out = speculative_generate(params, cfg, PROMPTS[:1], PromptLookup(), spec, warmup=True,
+                             step_costs=COSTS)
+  assert spec_loop._cache_size() == compiled + 1 and out.compile_s > 0
+  (choices, served, warm), = seen
+  assert choices == [0, 1, 2, 3]
+  for leaves in warm:
+    assert [m[:2] for m in leaves] == [m[:2] for m in served]  # placement, committed or not
+  pointers = [m[2] for leaves in [served, *warm] for m in leaves]
+  assert len(set(pointers)) == len(pointers)  # no buffer shared: each state is donated
+  seen.clear()  # a fixed-k loop: the served state itself, one step
+  speculative_generate(params, cfg, PROMPTS[:1], PromptLookup(),
+                       SpecConfig(k=3, max_new_tokens=NEW), warmup=True)
+  (choices, served, warm), = seen
+  assert choices is None and warm == [served]
