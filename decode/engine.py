@@ -27,6 +27,11 @@ from speculax.models.kvcache import KVCache
 from speculax.models.sharding import MeshConfig
 
 
+def one_state(state) -> list:
+  """A loop without branches warms up from its state as it is."""
+  return [state]
+
+
 @dataclasses.dataclass(frozen=True)
 class Program:
   extra_slots: int  # cache slots past prompt + new tokens (a speculative verify block)
@@ -41,7 +46,7 @@ class Program:
   # state -> the states the warm-up runs one loop step from, each with buffers of its own (the
   # loop donates its state): a loop with branches gives one state per branch, since a compiled
   # branch's first execution is slow on XLA:CPU and would land in the timed run.
-  warm_states: Callable[[Any], list] = lambda state: [state]
+  warm_states: Callable[[Any], list] = one_state
 
 
 @functools.partial(jax.jit, static_argnames=("config", "hidden_layers"), donate_argnames=("cache",))
@@ -88,9 +93,10 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
   DecodeOutput of what every decode reports (tokens, timings, target forwards).
 
   warmup: compile the prefill and the loop first and run one loop step (on a copy of the
-  cache; one per branch of a loop with branches: Program.warm_states), timed as compile_s, so prefill_s and decode_s measure only the run itself: the first
-  execution of a compiled step is slow on XLA:CPU (an AR loop 1.28 s cold, 1.21 s warm), and a
-  loop that ran no step would pay it in the timed run.
+  cache; one per branch of a loop with branches: Program.warm_states), timed as compile_s, so
+  prefill_s and decode_s measure only the run itself: the first execution of a compiled step is
+  slow on XLA:CPU (an AR loop 1.28 s cold, 1.21 s warm), and a loop that ran no step would pay
+  it in the timed run.
   new_tokens: this run's most new tokens per prompt (None: gen.max_new_tokens, which sizes the
   compiled loop; fewer reuse it).
   """

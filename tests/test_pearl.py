@@ -78,6 +78,30 @@ def test_two_devices_draw_like_one(tiny, cut):
   assert outs[0].post_steps == outs[1].post_steps > 0
 
 
+def test_two_device_warm_up_runs_both_windows(tiny, cut, monkeypatch):
+  """The warm-up steps once with no drafts ready and once with every row's ready, so each
+  window program (the pending token alone, the k-token window) compiles and first runs there,
+  not in the timed run."""
+  cfg, params = tiny
+  draft_cfg, draft_params = cut
+  sizes, real = [], pearl.two_device_loop
+
+  def loop(*args):  # the target window's compiled programs before and after each loop run
+    before = pearl._target_window._cache_size()
+    out = real(*args)
+    sizes.append((before, pearl._target_window._cache_size()))
+    return out
+
+  monkeypatch.setattr(pearl, "two_device_loop", loop)
+  # a budget no other test uses: buffers of a new shape, so every window compiles here
+  out = pearl_generate(params, cfg, PROMPTS[:2], DraftModel(draft_cfg),
+                       SpecConfig(k=3, max_new_tokens=NEW + 3), draft_params,
+                       draft_device=jax.devices()[1], warmup=True)
+  assert out.post_steps > 0
+  (b0, a0), (b1, a1), (b2, a2) = sizes  # warm-up: pre-verify, post-verify; then the timed run
+  assert (a0 - b0, a1 - b1, a2 - b2) == (1, 1, 0)
+
+
 def test_eos_and_budget_stop_like_target_only(tiny, tiny_reference, cut):
   cfg, params = tiny
   eos = tiny_reference[1][5]
