@@ -3,13 +3,17 @@
 SmolLM2-135M-Instruct, greedy, a fixed number of new tokens (EOS ignored on both sides so
 both generate the same count), batch 1 and batch 8, on the first HumanEval prompts, both
 fed the same token ids. Also prints the memory-bandwidth floor: weight bytes per decode step
-over the bytes/s a large memcpy reads on this machine.
+over the bytes/s a large memcpy reads on this machine. Writes <out>/bench_autoregressive.json
+and .md (the table).
 
   .venv/bin/python -m speculax.research.bench_autoregressive [--prompts 8] [--new-tokens 128]
+      [--out runs/results]
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import time
 
@@ -78,12 +82,22 @@ def main():
     rows.append([bs, o, h, o / h, max(compile_s), floor, floor / o])
     print(f"batch {bs}: speculax {o:.1f} tok/s, transformers {h:.1f} tok/s", flush=True)
 
-  print(f"\nSmolLM2-135M fp32, greedy, {args.new_tokens} new tokens, first {args.prompts} HumanEval "
-        f"prompts, median of {args.repeats}; {machine()}")
-  print(f"weights {weight_bytes / 1e6:.0f} MB/step; memory read {bw / 1e9:.1f} GB/s; "
-        f"greedy outputs identical to transformers on {agree}/{len(prompts) * len(rows)} prompt runs\n")
-  print(table(["batch", "speculax tok/s", "transformers tok/s", "ratio", "compile s",
-               "bandwidth floor tok/s", "floor / speculax"], rows))
+  header = ["batch", "speculax tok/s", "transformers tok/s", "ratio", "compile s",
+            "bandwidth floor tok/s", "floor / speculax"]
+  result = dict(machine=machine(), date=datetime.date.today().isoformat(), model=args.model,
+                prompts=args.prompts, new_tokens=args.new_tokens, repeats=args.repeats,
+                weight_mb=weight_bytes / 1e6, read_gb_s=bw / 1e9, same_as_transformers=agree,
+                prompt_runs=len(prompts) * len(rows), columns=header, rows=rows)
+  summary = (f"{args.model} float32, greedy, {args.new_tokens} new tokens, first {args.prompts} "
+             f"HumanEval prompts, median of {args.repeats}; {machine()}\nweights "
+             f"{weight_bytes / 1e6:.0f} MB/step; memory read {bw / 1e9:.1f} GB/s; greedy outputs "
+             f"identical to transformers on {agree}/{len(prompts) * len(rows)} prompt runs\n\n"
+             + table(header, rows))
+  print("\n" + summary)
+  args.out.mkdir(parents=True, exist_ok=True)
+  (args.out / "bench_autoregressive.json").write_text(json.dumps(result, indent=1) + "\n")
+  (args.out / "bench_autoregressive.md").write_text(summary + "\n")
+  print(f"wrote {args.out / 'bench_autoregressive.json'} and .md")
 
 
 if __name__ == "__main__":
