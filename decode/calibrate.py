@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from speculax.decode.config import SpecConfig
-from speculax.decode.goodput import Goodput
+from speculax.decode.goodput import Goodput, forcing
 from speculax.decode.speculative import speculative_generate
 from speculax.drafters.base import Drafter
 from speculax.models.config import LlamaConfig
@@ -40,9 +40,9 @@ def calibrate(params, config: LlamaConfig, prompts, drafter: Drafter, spec: Spec
   spec = spec if spec.goodput is not None else dataclasses.replace(spec, goodput=Goodput())
 
   def per_step(k, warmup):  # seconds of one loop step drafting k
-    only = np.where(np.arange(spec.k + 1) == k, 1.0, np.inf)  # forces k
     return speculative_generate(params, config, prompts, drafter, spec, drafter_params, key,
-                                mesh, warmup, step_costs=only, new_tokens=n).step_s
+                                mesh, warmup, step_costs=forcing(k, spec.k + 1),
+                                new_tokens=n).step_s
 
   # The first run compiles apart (warm-up); the rest reuse its program.
   times = np.array([[per_step(k, warmup=r == k == 0) for k in range(spec.k + 1)]

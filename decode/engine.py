@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import numbers
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +46,7 @@ class Program:
   # state -> the states the warm-up runs one loop step from, each with buffers of its own (the
   # loop donates its state): a loop with branches gives one state per branch, since a compiled
   # branch's first execution is slow on XLA:CPU and would land in the timed run.
-  warm_states: Callable[[Any], list] = one_state
+  warm_states: Callable[[Any], Iterable] = one_state
 
 
 @functools.partial(jax.jit, static_argnames=("config", "hidden_layers"), donate_argnames=("cache",))

@@ -60,6 +60,12 @@ def step_costs(costs, k: int) -> np.ndarray:
   return c.astype(np.float32)
 
 
+def forcing(k: int, n_lengths: int) -> np.ndarray:
+  """[n_lengths] float32 step costs under which every loop step drafts k: 1 there, +inf (never)
+  at every other length (calibration times one length so; the warm-up runs each)."""
+  return np.where(np.arange(n_lengths) == k, 1.0, np.inf).astype(np.float32)
+
+
 @flax.struct.dataclass
 class GoodputState:
   kept: jax.Array  # [K] float32 decayed count of row-steps that kept draft i

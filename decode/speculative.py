@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Iterator
 
 import flax.struct
 import jax
@@ -172,18 +172,20 @@ def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidd
       budget=budget)
 
 
-def warm_states(state: SpecState) -> list[SpecState]:
+def warm_states(state: SpecState) -> Iterator[SpecState]:
   """The warm-up's states: one per draft length of a goodput loop (its costs forcing that
-  length, every leaf copied: each is donated), so every segment's step has run once before the
-  timed run; a fixed-k loop's state as it is."""
+  length), so every segment's step has run once before the timed run; a fixed-k loop's state
+  as it is. Each is a copy made when the warm-up reaches it (the loop donates it), so one copy
+  of the cache is alive at a time."""
   if state.goodput is None:
-    return [state]
+    yield state
+    return
   costs = state.goodput.step_costs  # [K + 1]
-  # An op on the costs themselves: the same placement (and committedness), so the warm-up runs
-  # the very executable the timed run will (jit caches on both).
-  forced = lambda k: jnp.where(jnp.arange(costs.shape[0]) == k, jnp.ones_like(costs), jnp.inf)
-  return [jax.tree.map(jnp.copy, state.replace(goodput=state.goodput.replace(step_costs=forced(k))))
-          for k in range(costs.shape[0])]
+  for k in range(costs.shape[0]):
+    # An op on the costs themselves: the same placement (and committedness), so the warm-up
+    # runs the very executable the timed run will (jit caches on both).
+    forced = jnp.ones_like(costs) * goodput.forcing(k, costs.shape[0])
+    yield jax.tree.map(jnp.copy, state.replace(goodput=state.goodput.replace(step_costs=forced)))
 
 
 def check_lossy(spec: SpecConfig, drafter: Drafter, config: LlamaConfig) -> None:

@@ -91,7 +91,7 @@ def main():
   summary = (f"{args.model} float32, greedy, {args.new_tokens} new tokens, first {args.prompts} "
              f"HumanEval prompts, median of {args.repeats}; {machine()}\nweights "
              f"{weight_bytes / 1e6:.0f} MB/step; memory read {bw / 1e9:.1f} GB/s; greedy outputs "
-             f"identical to transformers on {agree}/{len(prompts) * len(rows)} prompt runs\n\n"
+             f"identical to transformers on {agree}/{result['prompt_runs']} prompt runs\n\n"
              + table(header, rows))
   print("\n" + summary)
   args.out.mkdir(parents=True, exist_ok=True)

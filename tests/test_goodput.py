@@ -298,7 +298,7 @@ def test_warm_up_runs_every_length_on_the_served_executable(tiny, monkeypatch):
   seen, real = [], speculative.warm_states
 
   def record(state):
-    states = real(state)
+    states = list(real(state))  # the copies, made at once here
     meta = lambda s: [(x.sharding, x.committed, x.unsafe_buffer_pointer())
                       for x in jax.tree.leaves(s.replace(key=None))]
     seen.append((None if state.goodput is None else
