@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import json
 import pathlib
+import sys
 import tempfile
 import time
 import traceback
@@ -193,8 +194,12 @@ def training_throughput(target: LoadedModel, sizes: Sizes, folder: pathlib.Path)
 
 def drafters(target: LoadedModel, sizes: Sizes, args) -> list[dict]:
   """speculax bench's rows for the drafters found under --drafters-dir."""
-  methods = tuple(m for m in drafter_set.methods(args.drafters_dir)
-                  if not sizes.drafter_methods or m.name in sizes.drafter_methods)
+  every = drafter_set.methods(args.drafters_dir)
+  unknown = sorted(set(sizes.drafter_methods) - {m.name for m in every})
+  if unknown:
+    raise ValueError(f"no drafter rows named {unknown} under {args.drafters_dir}; the rows: "
+                     f"{[m.name for m in every]}")
+  methods = tuple(m for m in every if not sizes.drafter_methods or m.name in sizes.drafter_methods)
   cfg = dataclasses.replace(drafter_set.BENCH, methods=methods, precision=args.precision)
   cfg = overrides.apply(cfg, sizes.drafter_bench)
   return bench_run.run(cfg, "drafters", model=with_precision(target, args.precision))["rows"]
@@ -211,12 +216,30 @@ def smoke_target() -> LoadedModel:
                      Tokenizer.from_gguf(smollm2_gguf_path()), "smoke")
 
 
+def random_target(preset: str) -> LoadedModel:
+  """The preset's shapes with random weights (no tokenizer: only the drafters section needs one)."""
+  cfg = get_preset(preset)
+  return LoadedModel(cfg, llama.init_params(cfg, jax.random.key(0)), None,
+                     f"{preset} (random weights)")
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--model", default="smollm2-135m",
                   help="the target: a preset, a .gguf file or a Hugging Face / exported folder")
   ap.add_argument("--smoke", action="store_true", help="tiny shapes, any platform (CI)")
+  ap.add_argument("--random-weights", action="store_true",
+                  help="the --model preset's shapes with random weights: every section but the "
+                       "drafters' times the same as with the real ones, so a GPU session can "
+                       "measure while the weights are still on their way")
+  ap.add_argument("--batches", default=None, metavar="B,B",
+                  help="batch sizes of the autoregressive section (default: 1,8,32)")
+  ap.add_argument("--drafter-method", action="append", default=[], metavar="NAME",
+                  help="a row of configs/bench/drafters.py to run (repeatable; default: all)")
+  ap.add_argument("--drafter-set", action="append", default=[], metavar="FIELD=VALUE",
+                  help="a BenchConfig override for the drafters section (repeatable), e.g. "
+                       "'temperatures=(0.0,)'")
   ap.add_argument("--sections", default="autoregressive,verify,attention,training,drafters")
   ap.add_argument("--precision", default="bf16 weights", choices=sorted(PRECISIONS),
                   help="the target's precision in the verify and drafter sections (the "
@@ -227,12 +250,22 @@ def main(argv=None):
   ap.add_argument("--results", type=pathlib.Path, default=RESULTS,
                   help="JSON to write (and a .png beside it)")
   args = ap.parse_args(argv)
+  if args.random_weights and "drafters" in args.sections.split(","):
+    ap.error("--random-weights: the drafters section measures acceptance, which random weights "
+             "do not have; leave it out of --sections")
   t0 = time.perf_counter()
   sizes = SMOKE if args.smoke else Sizes()
-  target = smoke_target() if args.smoke else load(args.model)
+  if args.batches:
+    sizes = dataclasses.replace(sizes, batches=tuple(int(b) for b in args.batches.split(",")))
+  if args.drafter_method or args.drafter_set:
+    sizes = dataclasses.replace(sizes, drafter_methods=tuple(args.drafter_method) or
+                                sizes.drafter_methods,
+                                drafter_bench=sizes.drafter_bench + tuple(args.drafter_set))
+  target = (smoke_target() if args.smoke else random_target(args.model) if args.random_weights
+            else load(args.model))
   results = {"machine": machine(), "jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),
-             "command": "python -m speculax.research.accelerator_suite "
-                        + ("--smoke" if args.smoke else f"--model {args.model}"),
+             "command": "python -m speculax.research.accelerator_suite " + " ".join(
+                 argv if argv is not None else sys.argv[1:]),
              "smoke": args.smoke, "sections": {}, "errors": {}, "seconds": {}}
   with tempfile.TemporaryDirectory() as tmp:
     sections = {"autoregressive": lambda: autoregressive(target, sizes),

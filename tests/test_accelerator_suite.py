@@ -46,3 +46,19 @@ def test_smoke_runs_every_section(tmp_path):
   assert all(r["same_as_ar"] == r["sequences"] for r in rows)  # greedy: lossless
   text = accelerator_suite.markdown(results)
   assert "x floor" in text and "XLA / kernel" in text and "tokens/s" in text
+
+
+def test_random_weights_keep_the_presets_shapes_and_refuse_the_drafters_section(capsys):
+  target = accelerator_suite.random_target("tiny-untied-llama3")
+  assert target.config == accelerator_suite.get_preset("tiny-untied-llama3")
+  assert target.tokenizer is None and "random weights" in target.name
+  with pytest.raises(SystemExit):
+    accelerator_suite.main(["--random-weights", "--model", "tiny-untied-llama3"])
+  assert "random weights" in capsys.readouterr().err
+
+
+def test_an_unknown_drafter_row_is_named(tmp_path):
+  results = accelerator_suite.main(["--smoke", "--sections", "drafters", "--results",
+                                    str(tmp_path / "s.json"), "--drafter-method", "eagle k=9",
+                                    "--drafters-dir", str(tmp_path / "no-drafters")])
+  assert "eagle k=9" in results["errors"]["drafters"]
