@@ -69,6 +69,14 @@ def test_kernel_lowers(backend, chip, dtype):
   assert_kernel(text, backend)
 
 
+def test_mosaic_gpu_lowers_a_64_token_tree_with_llama3_heads():
+  """r = 256 query rows at head dim 128: the shape the first H100 run refused (SMEM at the default
+  block), now tiled by a smaller block."""
+  args = kernel_args(b=1, t=64, kh=8, g=4, dq=128, s=2048, dtype=jnp.bfloat16)
+  assert_kernel(lower(lambda *a: tree_attention(*a, backend="mosaic-gpu"), args, "h100"),
+                "mosaic-gpu")
+
+
 @pytest.mark.parametrize("chip, backend", [("tpu-v5e", "mosaic-tpu"), ("h100", "mosaic-gpu")])
 def test_platform_picks_its_backend(chip, backend):
   """backend=None (attention_impl="pallas") reads the platform from the abstract device."""

@@ -113,7 +113,9 @@ def check_backend(backend: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes(Checked):
-  block_kv: int = field(128, ge=1)  # cache slots per online-softmax step; must divide s
+  # Cache slots per online-softmax step; must divide s. On mosaic-gpu an upper bound: the kernel
+  # tiles by the largest divisor whose SMEM fits (tree_attention_mosaic_gpu.fitting_block).
+  block_kv: int = field(128, ge=1)
 
   @classmethod
   def get_default(cls, backend: Backend | None = None, interpret: bool = False) -> BlockSizes:
