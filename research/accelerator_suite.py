@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import pathlib
 import sys
@@ -100,13 +101,13 @@ def launch_model(model: LoadedModel) -> LoadedModel:
   return dataclasses.replace(model, config=cfg, params=llama.init_params(cfg, jax.random.key(0)))
 
 
-def autoregressive(target: LoadedModel, sizes: Sizes) -> list[dict]:
+def autoregressive(target: LoadedModel, sizes: Sizes):
+  """Yields a row per model and batch."""
   bandwidth = read_bandwidth()
   big_cfg = get_preset(sizes.big).with_runtime(**PRECISIONS["bf16"])
   big = LoadedModel(big_cfg, llama.init_params(big_cfg, jax.random.key(0)), None, sizes.big)
   models = {f"{target.name} {p}": with_precision(target, p) for p in PRECISIONS}
   models[f"{sizes.big} (random) bf16"] = big
-  rows = []
   for name, model in models.items():
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(model.params))
     launch = launch_model(model)
@@ -114,14 +115,12 @@ def autoregressive(target: LoadedModel, sizes: Sizes) -> list[dict]:
       step = step_seconds(model, batch, sizes.new_tokens)
       floor_launch = step_seconds(launch, batch, sizes.new_tokens)
       floor_bw = weight_bytes / bandwidth
-      rows.append(dict(model=name, batch=batch, step_ms=step * 1e3,
-                       tokens_per_s=batch / step, bandwidth_floor_ms=floor_bw * 1e3,
-                       launch_floor_ms=floor_launch * 1e3,
-                       over_floor=step / max(floor_bw, floor_launch)))
+      yield dict(model=name, batch=batch, step_ms=step * 1e3, tokens_per_s=batch / step,
+                 bandwidth_floor_ms=floor_bw * 1e3, launch_floor_ms=floor_launch * 1e3,
+                 over_floor=step / max(floor_bw, floor_launch))
       print(f"AR {name} b{batch}: {step * 1e3:.2f} ms/step, floors: bandwidth "
             f"{floor_bw * 1e3:.2f} ms, launch {floor_launch * 1e3:.2f} ms", flush=True)
     jax.clear_caches()
-  return rows
 
 
 def verify_cost(target: LoadedModel, sizes: Sizes, precision: str) -> dict:
@@ -141,14 +140,14 @@ def _median_seconds(fn, args, repeats: int = 20) -> float:
   return float(np.median(times))
 
 
-def kernel_vs_xla(sizes: Sizes) -> list[dict]:
-  """One layer's verify attention over a bf16 cache filled to s - t, a chain mask of t nodes."""
+def kernel_vs_xla(sizes: Sizes):
+  """One layer's verify attention over a bf16 cache filled to s - t, a chain mask of t nodes: yields
+  a row per cache length and tree size."""
   h, kh, dq = sizes.heads
   block = BlockSizes(32) if sizes.interpret else None
   kernel = jax.jit(lambda q, k, v, n, m: tree_attention(q, k, v, n, m, block_sizes=block,
                                                         interpret=sizes.interpret))
   xla = jax.jit(lambda q, k, v, n, m: attention(q, k, v, prefix_block_mask(n, m, k.shape[2])))
-  rows = []
   for s in sizes.cache_lengths:
     for t in sizes.tree_sizes:
       keys = jax.random.split(jax.random.key(s + t), 3)
@@ -159,11 +158,10 @@ def kernel_vs_xla(sizes: Sizes) -> list[dict]:
       ours, theirs = _median_seconds(kernel, args), _median_seconds(xla, args)
       error = float(jnp.abs(kernel(*args).astype(jnp.float32)
                             - xla(*args).astype(jnp.float32)).max())
-      rows.append(dict(cache=s, tree=t, kernel_us=ours * 1e6, xla_us=theirs * 1e6,
-                       speedup=theirs / ours, max_abs_error=error))
+      yield dict(cache=s, tree=t, kernel_us=ours * 1e6, xla_us=theirs * 1e6,
+                 speedup=theirs / ours, max_abs_error=error)
       print(f"attention s={s} t={t}: kernel {ours * 1e6:.1f} us, XLA {theirs * 1e6:.1f} us",
             flush=True)
-  return rows
 
 
 def training_throughput(target: LoadedModel, sizes: Sizes, folder: pathlib.Path) -> dict:
@@ -279,7 +277,14 @@ def main(argv=None):
         continue
       start = time.perf_counter()
       try:
-        results["sections"][name] = sections[name]()
+        out = sections[name]()
+        if inspect.isgenerator(out):  # rows kept as they come: a run stopped midway keeps them
+          rows = results["sections"][name] = []
+          for row in out:
+            rows.append(row)
+            write_json(results, args.results)
+        else:
+          results["sections"][name] = out
       except Exception as e:  # noqa: BLE001 - one broken section must not lose the others
         traceback.print_exc()
         results["errors"][name] = f"{type(e).__name__}: {e}"
@@ -292,9 +297,13 @@ def main(argv=None):
   return results
 
 
-def save(results: dict, path: pathlib.Path) -> None:
+def write_json(results: dict, path: pathlib.Path) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(results, indent=1, default=str))
+
+
+def save(results: dict, path: pathlib.Path) -> None:
+  write_json(results, path)
   plot(results, path.with_suffix(".png"))
 
 

@@ -62,3 +62,19 @@ def test_an_unknown_drafter_row_is_named(tmp_path):
                                     str(tmp_path / "s.json"), "--drafter-method", "eagle k=9",
                                     "--drafters-dir", str(tmp_path / "no-drafters")])
   assert "eagle k=9" in results["errors"]["drafters"]
+
+
+def test_a_section_stopped_midway_keeps_its_rows(tmp_path, monkeypatch):
+  """Row-by-row sections write each row as it comes: the first H100 run's autoregressive section
+  was stopped by its time limit after 8 rows and, written at its end, kept none."""
+  row = dict(cache=64, tree=4, kernel_us=2.0, xla_us=3.0, speedup=1.5, max_abs_error=0.0)
+
+  def broken(sizes):
+    yield row
+    raise RuntimeError("out of device time")
+  monkeypatch.setattr(accelerator_suite, "kernel_vs_xla", broken)
+  path = tmp_path / "s.json"
+  results = accelerator_suite.main(["--smoke", "--sections", "attention", "--results", str(path)])
+  assert results["sections"]["attention"] == [row]
+  assert "out of device time" in results["errors"]["attention"]
+  assert json.loads(path.read_text())["sections"]["attention"] == [row]
