@@ -27,21 +27,24 @@ def machine() -> str:
 def forward_seconds(model, t: int, repeats: int = 10) -> float:
   """Device time of one t-token forward against a cache holding 256 of 512 slots: the verify
   forward of t - 1 drafts (t = 1: a one-token step), outside any decode loop. Timed as `repeats`
-  forwards chained in one jitted loop (each one's tokens are the previous one's argmax, so XLA
-  cannot hoist them), median of 3 runs over `repeats`: a lone jitted call adds its host
-  dispatch, which on an H100 (~0.7 ms) was most of a SmolLM2 forward and made a speculative
-  step look cheaper than its own verify."""
+  forwards chained in one jitted loop as a decode loop runs them (each one's tokens are the
+  previous one's argmax, so XLA cannot hoist them; the cache is carried, so its writes are in
+  place), median of 3 runs over `repeats`. A lone jitted call adds its host dispatch, which on an
+  H100 (~0.7 ms) was most of a SmolLM2 forward, and copies the whole cache to write one slot
+  (13 ms of a batch-8 step at 512 slots on this CPU): both made a speculative step look cheaper
+  than its own verify."""
   cfg, params = model.config, llama.unstack_layers(model.params)
   cache = KVCache.init(cfg, 1, 512, per_layer=True).with_lengths(jnp.full((1,), 256))
   positions = 256 + jnp.arange(t, dtype=jnp.int32)[None]
 
   @jax.jit
   def chain(params, tokens, cache):
-    def body(_, tokens):  # [1, t] -> [1, t]
-      logits = llama.forward(params, cfg, tokens, positions, cache)[0]  # [1, t, v]
-      return jnp.broadcast_to(jnp.argmax(logits[:, -1], -1)[:, None], tokens.shape).astype(
-          tokens.dtype)
-    return jax.lax.fori_loop(0, repeats, body, tokens)
+    def body(_, carry):  # tokens [1, t]; the cache carried, so its K/V writes are in place
+      tokens, cache = carry
+      logits, _, cache = llama.forward(params, cfg, tokens, positions, cache)  # [1, t, v]
+      tokens = jnp.broadcast_to(jnp.argmax(logits[:, -1], -1)[:, None], tokens.shape)
+      return tokens.astype(jnp.int32), cache.with_lengths(jnp.full((1,), 256))
+    return jax.lax.fori_loop(0, repeats, body, (tokens, cache))[0]
 
   tokens = jnp.ones((1, t), jnp.int32)
   chain(params, tokens, cache).block_until_ready()
