@@ -89,8 +89,8 @@ class BenchConfig(Checked):
   batch_sizes: tuple[int, ...] = field((1,), ge=1)  # batch b > 1 decodes b prompts at once
   temperatures: tuple[float, ...] = field((0.0,), ge=0)  # 0: greedy (greedy equality counted)
   new_tokens: int = field(48, ge=1)  # exactly this many per prompt (EOS off: speeds compare)
-  # At batch 1, split a step's time into the verify forward (timed alone for that many tokens)
-  # and the rest (drafting, the loop's own work), in one-token forwards.
+  # Split a step's time into the verify forward (timed outside the loop for that many tokens at
+  # the panel's batch) and the rest (drafting, the loop's own work), in one-token forwards.
   step_split: bool = True
 
   def __post_init__(self):

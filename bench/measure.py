@@ -24,9 +24,9 @@ def machine() -> str:
           f"jax {jax.__version__} on {dev.platform} ({dev.device_kind})")
 
 
-def forward_seconds(model, t: int, repeats: int = 10) -> float:
-  """Device time of one t-token forward against a cache holding 256 of 512 slots: the verify
-  forward of t - 1 drafts (t = 1: a one-token step), outside any decode loop. Timed as `repeats`
+def forward_seconds(model, t: int, repeats: int = 10, batch: int = 1) -> float:
+  """Device time of one t-token forward of `batch` rows against a cache holding 256 of 512 slots:
+  the verify forward of t - 1 drafts (t = 1: a one-token step), outside any decode loop. Timed as `repeats`
   forwards chained in one jitted loop as a decode loop runs them (each one's tokens are the
   previous one's argmax, so XLA cannot hoist them; the cache is carried, so its writes are in
   place), median of 3 runs over `repeats`. A lone jitted call adds its host dispatch, which on an
@@ -34,19 +34,19 @@ def forward_seconds(model, t: int, repeats: int = 10) -> float:
   (13 ms of a batch-8 step at 512 slots on this CPU): both made a speculative step look cheaper
   than its own verify."""
   cfg, params = model.config, llama.unstack_layers(model.params)
-  cache = KVCache.init(cfg, 1, 512, per_layer=True).with_lengths(jnp.full((1,), 256))
-  positions = 256 + jnp.arange(t, dtype=jnp.int32)[None]
+  cache = KVCache.init(cfg, batch, 512, per_layer=True).with_lengths(jnp.full((batch,), 256))
+  positions = jnp.broadcast_to(256 + jnp.arange(t, dtype=jnp.int32)[None], (batch, t))
 
   @jax.jit
   def chain(params, tokens, cache):
-    def body(_, carry):  # tokens [1, t]; the cache carried, so its K/V writes are in place
+    def body(_, carry):  # tokens [b, t]; the cache carried, so its K/V writes are in place
       tokens, cache = carry
-      logits, _, cache = llama.forward(params, cfg, tokens, positions, cache)  # [1, t, v]
+      logits, _, cache = llama.forward(params, cfg, tokens, positions, cache)  # [b, t, v]
       tokens = jnp.broadcast_to(jnp.argmax(logits[:, -1], -1)[:, None], tokens.shape)
-      return tokens.astype(jnp.int32), cache.with_lengths(jnp.full((1,), 256))
+      return tokens.astype(jnp.int32), cache.with_lengths(jnp.full((batch,), 256))
     return jax.lax.fori_loop(0, repeats, body, (tokens, cache))[0]
 
-  tokens = jnp.ones((1, t), jnp.int32)
+  tokens = jnp.ones((batch, t), jnp.int32)
   chain(params, tokens, cache).block_until_ready()
   times = []
   for _ in range(3):

@@ -53,7 +53,7 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
   result = dict(name=name, command=command, machine=machine(),
                 date=datetime.date.today().isoformat(), target=cfg.target,
                 precision=cfg.precision, new_tokens=cfg.new_tokens, forward_s={}, rows=[])
-  forwards = result["forward_s"]  # tokens -> seconds of a lone forward (the step split)
+  forwards = result["forward_s"]  # batch -> tokens -> seconds of a forward (the step split)
   order = [AUTOREGRESSIVE, *cfg.methods, AUTOREGRESSIVE]  # AR first and last: machine drift
   panels = [(s, b, t) for s in cfg.suites for b in cfg.batch_sizes for t in cfg.temperatures]
   bar = tqdm.tqdm(total=len(panels) * len(order), desc=f"bench {name}", disable=None,
@@ -83,9 +83,9 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
                  peak_memory_mb=_peak_memory_mb(), sequences=len(r.tokens),
                  same_as_ar=(sum(a == b for a, b in zip(r.tokens, reference))
                              if temperature == 0 else None))
-      if batch == 1 and cfg.step_split:
-        # PEARL's window: the pending token and k - 1 ready drafts
-        row |= _step_split(model, forwards, r, m.k if m.pearl else _checked(drafter, m.k))
+      if cfg.step_split:  # PEARL's window: the pending token and k - 1 ready drafts
+        row |= _step_split(model, forwards.setdefault(batch, {}), r,
+                           m.k if m.pearl else _checked(drafter, m.k), batch)
       panel.append(row)
       bar.update()
       jax.clear_caches()  # each row compiles its own loops (memory-map limit on long runs)
@@ -141,12 +141,12 @@ def _checked(drafter, k: int) -> int:
   return (tree.n_nodes if tree is not None else k) + 1
 
 
-def _step_split(model, forwards: dict, r, n: int) -> dict:
-  """A step's time in one-token forwards timed alone: the whole step, its verify forward (n
-  tokens) and the rest (AR's rest: its loop's own share, below 0 when the loop runs a step
-  faster than a lone jitted call)."""
+def _step_split(model, forwards: dict, r, n: int, batch: int) -> dict:
+  """A step's time in one-token forwards of `batch` rows timed outside the loop: the whole step,
+  its verify forward (n tokens a row) and the rest (AR's rest: its loop's own share, below 0
+  when the loop runs a step faster than the timed forward)."""
   for t in {1, n} - forwards.keys():
-    forwards[t] = forward_seconds(model, t)
+    forwards[t] = forward_seconds(model, t, batch=batch)
   step = r.decode_s / max(r.steps, 1) / forwards[1]
   verify = forwards[n] / forwards[1]
   return dict(step_cost=step, verify_cost=verify, draft_cost=step - verify)

@@ -69,8 +69,9 @@ def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_pa
   assert len(lookup["step_costs"]) == 4 and skip["step_costs"] is None  # goodput's costs
   assert tree["drafts_per_step"] == 4  # the tree's 2 + 2 nodes, checked every step
   assert pearl["pearl"] == "two-device" and lookup["pearl"] is None
-  assert "step_cost" in lookup and "step_cost" not in rows[7]  # the split: batch 1 only
   assert lookup["verify_cost"] > 0 and rows[0]["verify_cost"] == 1.0
+  assert rows[6]["verify_cost"] == 1.0 and rows[7]["verify_cost"] > 0  # batch 2 split too
+  assert set(result["forward_s"]) == {1, 2}  # a one-token forward timed at each batch
   assert tree["drafter_mb"] > 0 and lookup["drafter_mb"] == 0.0
   saved = json.loads((tmp_path / "t.json").read_text())
   assert saved["rows"] == json.loads(json.dumps(rows))
