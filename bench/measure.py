@@ -26,10 +26,10 @@ def machine() -> str:
 
 def forward_seconds(model, t: int, repeats: int = 10, batch: int = 1) -> float:
   """Device time of one t-token forward of `batch` rows against a cache holding 256 of 512 slots:
-  the verify forward of t - 1 drafts (t = 1: a one-token step), outside any decode loop. Timed as `repeats`
-  forwards chained in one jitted loop as a decode loop runs them (each one's tokens are the
-  previous one's argmax, so XLA cannot hoist them; the cache is carried, so its writes are in
-  place), median of 3 runs over `repeats`. A lone jitted call adds its host dispatch, which on an
+  the verify forward of t - 1 drafts (t = 1: a one-token step), outside any decode loop. Timed
+  as `repeats` forwards chained in one jitted loop as a decode loop runs them (each one's tokens
+  are the previous one's argmax, so XLA cannot hoist them; the cache is carried, so its writes
+  are in place), median of 3 runs over `repeats`. A lone jitted call adds its host dispatch, which on an
   H100 (~0.7 ms) was most of a SmolLM2 forward, and copies the whole cache to write one slot
   (13 ms of a batch-8 step at 512 slots on this CPU): both made a speculative step look cheaper
   than its own verify."""
