@@ -29,10 +29,9 @@ def forward_seconds(model, t: int, repeats: int = 10, batch: int = 1) -> float:
   the verify forward of t - 1 drafts (t = 1: a one-token step), outside any decode loop. Timed
   as `repeats` forwards chained in one jitted loop as a decode loop runs them (each one's tokens
   are the previous one's argmax, so XLA cannot hoist them; the cache is carried, so its writes
-  are in place), median of 3 runs over `repeats`. A lone jitted call adds its host dispatch, which on an
-  H100 (~0.7 ms) was most of a SmolLM2 forward, and copies the whole cache to write one slot
-  (13 ms of a batch-8 step at 512 slots on this CPU): both made a speculative step look cheaper
-  than its own verify."""
+  are in place), median of 3 runs over `repeats`. A lone jitted call adds its host dispatch,
+  which on an H100 (~0.7 ms) was most of a SmolLM2 forward, and copies the whole cache to write
+  one slot: both made a speculative step look cheaper than its own verify."""
   cfg, params = model.config, llama.unstack_layers(model.params)
   cache = KVCache.init(cfg, batch, 512, per_layer=True).with_lengths(jnp.full((batch,), 256))
   positions = jnp.broadcast_to(256 + jnp.arange(t, dtype=jnp.int32)[None], (batch, t))
