@@ -5,6 +5,7 @@ import dataclasses
 import os
 import platform
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -24,35 +25,39 @@ def machine() -> str:
           f"jax {jax.__version__} on {dev.platform} ({dev.device_kind})")
 
 
+def chained_seconds(step: Callable, carry, *args, repeats: int = 10) -> float:
+  """Seconds of one step(carry, *args) -> carry, timed as `repeats` steps chained in one jitted
+  loop (each takes the last one's output, so XLA can neither hoist nor drop one, and a carried
+  buffer is updated in place), median of 3 runs over `repeats`. A lone jitted call adds its host
+  dispatch: on an H100 ~0.7 ms, most of a SmolLM2 forward, and ~100 us, an attention call's
+  whole reading at 512 slots."""
+  loop = jax.jit(lambda carry, *args: jax.lax.fori_loop(
+      0, repeats, lambda _, c: step(c, *args), carry))
+  jax.block_until_ready(loop(carry, *args))
+  times = []
+  for _ in range(3):
+    start = time.perf_counter()
+    jax.block_until_ready(loop(carry, *args))
+    times.append(time.perf_counter() - start)
+  return float(np.median(times)) / repeats
+
+
 def forward_seconds(model, t: int, repeats: int = 10, batch: int = 1) -> float:
   """Device time of one t-token forward of `batch` rows against a cache holding 256 of 512 slots:
-  the verify forward of t - 1 drafts (t = 1: a one-token step), outside any decode loop. Timed
-  as `repeats` forwards chained in one jitted loop as a decode loop runs them (each one's tokens
-  are the previous one's argmax, so XLA cannot hoist them; the cache is carried, so its writes
-  are in place), median of 3 runs over `repeats`. A lone jitted call adds its host dispatch,
-  which on an H100 (~0.7 ms) was most of a SmolLM2 forward, and copies the whole cache to write
-  one slot: both made a speculative step look cheaper than its own verify."""
+  the verify forward of t - 1 drafts (t = 1: a one-token step), outside any decode loop, chained
+  as a decode loop runs them (`chained_seconds`: each forward's tokens are the last one's argmax;
+  the cache is carried, so its writes are in place, as the loop's are)."""
   cfg, params = model.config, llama.unstack_layers(model.params)
   cache = KVCache.init(cfg, batch, 512, per_layer=True).with_lengths(jnp.full((batch,), 256))
   positions = jnp.broadcast_to(256 + jnp.arange(t, dtype=jnp.int32)[None], (batch, t))
 
-  @jax.jit
-  def chain(params, tokens, cache):
-    def body(_, carry):  # tokens [b, t]; the cache carried, so its K/V writes are in place
-      tokens, cache = carry
-      logits, _, cache = llama.forward(params, cfg, tokens, positions, cache)  # [b, t, v]
-      tokens = jnp.broadcast_to(jnp.argmax(logits[:, -1], -1)[:, None], tokens.shape)
-      return tokens.astype(jnp.int32), cache.with_lengths(jnp.full((batch,), 256))
-    return jax.lax.fori_loop(0, repeats, body, (tokens, cache))[0]
+  def step(carry, params):  # tokens [b, t], the cache
+    tokens, cache = carry
+    logits, _, cache = llama.forward(params, cfg, tokens, positions, cache)  # [b, t, v]
+    tokens = jnp.broadcast_to(jnp.argmax(logits[:, -1], -1)[:, None], tokens.shape)
+    return tokens.astype(jnp.int32), cache.with_lengths(jnp.full((batch,), 256))
 
-  tokens = jnp.ones((batch, t), jnp.int32)
-  chain(params, tokens, cache).block_until_ready()
-  times = []
-  for _ in range(3):
-    start = time.perf_counter()
-    chain(params, tokens, cache).block_until_ready()
-    times.append(time.perf_counter() - start)
-  return float(np.median(times)) / repeats
+  return chained_seconds(step, (jnp.ones((batch, t), jnp.int32), cache), params, repeats=repeats)
 
 
 @dataclasses.dataclass

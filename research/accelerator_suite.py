@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculax.bench import run as bench_run
-from speculax.bench.measure import forward_seconds, machine
+from speculax.bench.measure import chained_seconds, forward_seconds, machine
 from speculax.bench.report import table
 from speculax.configs.bench import drafters as drafter_set
 from speculax.core import overrides
@@ -130,21 +130,6 @@ def verify_cost(target: LoadedModel, sizes: Sizes, precision: str) -> dict:
           "cost": {t: s / seconds[1] for t, s in seconds.items()}}
 
 
-def _median_seconds(fn, args, repeats: int = 20) -> float:
-  """Seconds of one fn(q, *rest) -> [q's shape], as `repeats` calls chained in one jitted loop
-  (each output is the next call's q, so none is hoisted), median of 3 runs: timed as lone calls,
-  the kernel and XLA both read ~100 us on the H100 at 512 slots, mostly host dispatch."""
-  loop = jax.jit(lambda q, *rest: jax.lax.fori_loop(
-      0, repeats, lambda _, x: fn(x, *rest).astype(x.dtype), q))
-  loop(*args).block_until_ready()
-  times = []
-  for _ in range(3):
-    t = time.perf_counter()
-    loop(*args).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return float(np.median(times)) / repeats
-
-
 def kernel_vs_xla(sizes: Sizes):
   """One layer's verify attention over a bf16 cache filled to s - t, a chain mask of t nodes: yields
   a row per cache length and tree size."""
@@ -160,7 +145,9 @@ def kernel_vs_xla(sizes: Sizes):
       k = jax.random.normal(keys[1], (1, kh, s, dq), jnp.bfloat16)
       v = jax.random.normal(keys[2], (1, kh, s, dq), jnp.bfloat16)
       args = (q, k, v, jnp.asarray([s - t], jnp.int32), jnp.tril(jnp.ones((1, t, t), bool)))
-      ours, theirs = _median_seconds(kernel, args), _median_seconds(xla, args)
+      # Each call's output is the next one's q (same shape): timed without host dispatch.
+      ours, theirs = (chained_seconds(lambda q, *rest: fn(q, *rest).astype(q.dtype), *args,
+                                      repeats=20) for fn in (kernel, xla))
       error = float(jnp.abs(kernel(*args).astype(jnp.float32)
                             - xla(*args).astype(jnp.float32)).max())
       yield dict(cache=s, tree=t, kernel_us=ours * 1e6, xla_us=theirs * 1e6,
