@@ -4,8 +4,10 @@ Data that matches serving: the target's own answers (chat template; prompt i gre
 at t = 1 in turn) to 1200 self-distillation prompts (train/prompts.mixture: stdlib function
 instructions, pydoc topic questions, everyday chat questions; none shares a subject with the
 held-out prompts or a 13-word run with HumanEval), plus 20% raw stdlib code; held out: answers
-to the held-out split's prompts. About 360k tokens in rows of 256; the answers and teacher caches
-live in runs/drafters/teacher, shared by every drafter (each cache is built once, resumable).
+to the held-out split's prompts. About 360k tokens in rows of 256. The answers ship with the
+repository (results/drafters/recipe-answers, 1.7 MB: ~30 minutes of generation on this CPU);
+the teacher caches live in runs/drafters/teacher, shared by every drafter (each built once,
+resumable).
 Head drafters train on the VOCAB_TRIM most frequent training tokens only (VocabTrim): their
 output layer costs a third of the full one, in training and when drafting. Objective: LK,
 -log of the expected acceptance (held-out 1 - TV of EAGLE after 100 updates: fkl 0.337, lk
@@ -15,7 +17,8 @@ from speculax.train.experiment import DataConfig
 from speculax.train.optim import OptimConfig
 
 DATA = DataConfig(corpus="mixed", files=None, seq_len=256, rows=1400, heldout_rows=32, top_k=32,
-                  prompts=1200, answer_tokens=192, temperatures=(0.0, 1.0), code_fraction=0.2)
+                  prompts=1200, answer_tokens=192, temperatures=(0.0, 1.0), code_fraction=0.2,
+                  answers_dir="results/drafters/recipe-answers")
 TEACHER_DIR = "runs/drafters/teacher"
 DIVERGENCE = "lk"
 VOCAB_TRIM = 16384

@@ -69,7 +69,7 @@ def test_prompts_file_lines(tmp_path):
     corpus.read_prompts_file(tmp_path / "none.jsonl")
 
 
-def test_rows_of_each_corpus(tiny, tok, tmp_path):
+def test_rows_of_each_corpus(tiny, tok, tmp_path, monkeypatch):
   cfg, params = tiny
   model = LoadedModel(cfg, params, tok)
   f = tmp_path / "p.jsonl"
@@ -91,6 +91,17 @@ def test_rows_of_each_corpus(tiny, tok, tmp_path):
   np.testing.assert_array_equal(m_train[3:], code_train[:3])  # half the rows from code
   np.testing.assert_array_equal(m_train[:3], train[:3])
   np.testing.assert_array_equal(m_held, held)  # held out: self-distilled, as the serving text
+  # A shipped answers folder (answers_dir) is read instead of the cache folder's, and serves a
+  # run whose own folder holds none without generating.
+  shipped = dataclasses.replace(sd, answers_dir=str(tmp_path / "shipped"))
+  corpus.token_rows(shipped, model, tmp_path / "c")
+  assert sorted(p.name for p in (tmp_path / "shipped").iterdir()) == ["answers_heldout",
+                                                                       "answers_train"]
+  monkeypatch.setattr(data, "self_distill", lambda *a, **k: pytest.fail("generated again"))
+  s_train, s_held = corpus.token_rows(shipped, model, tmp_path / "fresh")
+  np.testing.assert_array_equal(s_train, train)
+  np.testing.assert_array_equal(s_held, held)
+  assert not (tmp_path / "fresh").exists()
 
 
 def test_pack_adds_no_second_separator():

@@ -141,7 +141,7 @@ def token_rows(cfg: Any, model: Any, folder: str | pathlib.Path,
   corpus "code": stdlib files split by path. "self-distill": the target's answers to the
   training prompts (held out: answers to the held-out split's prompts, or, with a prompts file,
   its last heldout_fraction of lines). "mixed": code_fraction of the rows from code, the rest
-  self-distilled. Answers are cached under folder/answers_<split>.
+  self-distilled. Answers are cached under (cfg.answers_dir or folder)/answers_<split>.
   """
   tok = model.tokenizer
   if cfg.corpus == "code":
@@ -153,9 +153,10 @@ def token_rows(cfg: Any, model: Any, folder: str | pathlib.Path,
     asked, texts = _prompts(cfg, split)
     docs = [tok.encode(t) for t in texts]
     if asked:
-      docs += answers(pathlib.Path(folder) / f"answers_{split}", model.params, model.config, tok,
-                      asked, max_new_tokens=cfg.answer_tokens, temperatures=cfg.temperatures,
-                      batch_size=cfg.generate_batch, fingerprint=fingerprint)
+      docs += answers(pathlib.Path(cfg.answers_dir or folder) / f"answers_{split}", model.params,
+                      model.config, tok, asked, max_new_tokens=cfg.answer_tokens,
+                      temperatures=cfg.temperatures, batch_size=cfg.generate_batch,
+                      fingerprint=fingerprint)
     order = np.random.default_rng(0).permutation(len(docs))  # sources interleave in the rows
     rows.append(data.pack_ids([docs[i] for i in order], cfg.seq_len, sep=tok.eos_id,
                               max_rows=want))

@@ -58,6 +58,9 @@ class DataConfig(Checked):
   temperatures: tuple[float, ...] = field((0.0, 1.0), ge=0)  # prompt i: temperatures[i % len]
   generate_batch: int = field(32, ge=1)
   code_fraction: float = field(0.25, ge=0, le=1)  # "mixed": share of training rows from code
+  # Where the answers are cached (default: the teacher caches' folder). A committed folder ships
+  # the corpus: a fresh clone then generates only the answers it lacks.
+  answers_dir: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
