@@ -81,6 +81,18 @@ def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_pa
   assert (tmp_path / "t.png").stat().st_size > 5000
 
 
+def test_heads_set_has_rows_for_the_shipped_head_drafters_only(tmp_path):
+  from speculax.configs.bench import heads
+  assert "heads" in shipped()
+  (tmp_path / "medusa-smollm2").mkdir()
+  rows = heads.methods(tmp_path)
+  assert [m.name for m in rows] == ["medusa k=1", "medusa k=2", "medusa k=4",
+                                    "medusa tree (15 nodes)"]
+  assert {m.drafter for m in rows} == {"medusa"}
+  assert rows[-1].options["tree"].n_nodes == 15
+  assert rows[0].options["heads"] == str(tmp_path / "medusa-smollm2")
+
+
 def test_shipped_sets_load_and_overrides_apply():
   assert {"quick", "drafters"} <= set(shipped())
   cfg = overrides.apply(load_config("quick"), ["prompts=5", "batch_sizes=1,8",
