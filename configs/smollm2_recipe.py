@@ -5,7 +5,7 @@ at t = 1 in turn) to 1200 self-distillation prompts (train/prompts.mixture: stdl
 instructions, pydoc topic questions, everyday chat questions; none shares a subject with the
 held-out prompts or a 13-word run with HumanEval), plus 20% raw stdlib code; held out: answers
 to the held-out split's prompts. About 360k tokens in rows of 256. The answers ship with the
-repository (results/drafters/recipe-answers, 1.7 MB: ~30 minutes of generation on this CPU);
+repository (results/drafters/recipe-answers, 1.7 MB: 33-43 minutes of generation here);
 the teacher caches live in runs/drafters/teacher, shared by every drafter (each built once,
 resumable).
 Head drafters train on the VOCAB_TRIM most frequent training tokens only (VocabTrim): their

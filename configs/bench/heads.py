@@ -2,7 +2,8 @@
 tokens/s at batch 1, greedy): each shipped head drafter at chain lengths 1, 2 and 4 and drafting
 its tree, on held-out HumanEval and chat prompts.
 
-  speculax bench --config heads --out runs/bench   (~15 min on 2 CPU cores with three drafters)
+  speculax bench --config heads --out runs/bench   (12 min on 2 CPU cores for Medusa, EAGLE and
+  EAGLE + TTT)
 """
 import pathlib
 
