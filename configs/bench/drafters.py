@@ -37,17 +37,28 @@ def methods(drafters=DRAFTERS, skip_k: int = 5, exit_threshold: float = 0.5,
   if VOCAB_ORDER.is_file():
     rows.append(method(f"layer skip + VocabTrim {trim}", "layer-skip", k=skip_k, vocab_trim=trim,
                        vocab_ids=str(VOCAB_ORDER)))
-  for label, (kind, folder, ks) in TRAINED.items():
-    path = pathlib.Path(drafters) / folder
-    if not path.is_dir():  # not trained or not shipped: research/train_drafters.py --ship
-      continue
-    heads = {"draft": str(path)} if kind == "draft-model" else {"heads": str(path)}
-    rows += [method(f"{label} k={k}", kind, k=k, **heads) for k in ks]
+  for label in TRAINED:
+    rows += trained_rows(label, drafters)
+  return tuple(rows)
+
+
+def trained_rows(label: str, drafters=DRAFTERS, ks: tuple[int, ...] | None = None,
+                 full_vocabulary: bool = True) -> list:
+  """One trained drafter's rows (TRAINED[label]) if it is shipped under `drafters`: a chain at
+  each k (default: its own lengths), the first k on the full vocabulary, and its tree."""
+  kind, folder, own_ks = TRAINED[label]
+  path = pathlib.Path(drafters) / folder
+  if not path.is_dir():  # not trained or not shipped: research/train_drafters.py --ship
+    return []
+  ks = ks or own_ks
+  heads = {"draft": str(path)} if kind == "draft-model" else {"heads": str(path)}
+  rows = [method(f"{label} k={k}", kind, k=k, **heads) for k in ks]
+  if full_vocabulary:
     rows.append(method(f"{label} k={ks[0]}, full vocabulary", kind, k=ks[0], **heads,
                        set={"vocab_trim": VOCAB}))
-    rows.append(method(f"{label} tree ({TREES[kind].n_nodes} nodes)", kind, k=4, **heads,
-                       tree=TREES[kind]))
-  return tuple(rows)
+  rows.append(method(f"{label} tree ({TREES[kind].n_nodes} nodes)", kind, k=4, **heads,
+                     tree=TREES[kind]))
+  return rows
 
 
 BENCH = BenchConfig(methods=methods(), suites=("humaneval", "chat"), prompts=3,

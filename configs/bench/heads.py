@@ -5,25 +5,16 @@ its tree, on held-out HumanEval and chat prompts.
   speculax bench --config heads --out runs/bench   (12 min on 2 CPU cores for Medusa, EAGLE and
   EAGLE + TTT)
 """
-import pathlib
-
-from speculax.bench.config import BenchConfig, method
-from speculax.configs.bench.drafters import DRAFTERS, TRAINED, TREES
+from speculax.bench.config import BenchConfig
+from speculax.configs.bench.drafters import DRAFTERS, trained_rows
 
 HEADS = ("medusa", "hydra", "eagle", "eagle-ttt")  # TRAINED's head drafters, weakest expected first
 
 
 def methods(drafters=DRAFTERS, ks: tuple[int, ...] = (1, 2, 4)) -> tuple:
   """Rows for every head drafter shipped under `drafters` (others are skipped)."""
-  rows = []
-  for label in HEADS:
-    kind, folder, _ = TRAINED[label]
-    path = pathlib.Path(drafters) / folder
-    if path.is_dir():
-      rows += [method(f"{label} k={k}", kind, k=k, heads=str(path)) for k in ks]
-      rows.append(method(f"{label} tree ({TREES[kind].n_nodes} nodes)", kind, k=4,
-                         heads=str(path), tree=TREES[kind]))
-  return tuple(rows)
+  return tuple(row for label in HEADS for row in trained_rows(label, drafters, ks,
+                                                              full_vocabulary=False))
 
 
 BENCH = BenchConfig(methods=methods(), suites=("humaneval", "chat"), prompts=3,
