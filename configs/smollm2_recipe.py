@@ -7,7 +7,8 @@ held-out prompts or a 13-word run with HumanEval), plus 20% raw stdlib code; hel
 to the held-out split's prompts. About 360k tokens in rows of 256. The answers ship with the
 repository (results/drafters/recipe-answers, 1.7 MB: 33-43 minutes of generation here);
 the teacher caches live in runs/drafters/teacher, shared by every drafter (each built once,
-resumable).
+resumable; a cache that holds more features than a drafter needs serves it too, so the draft
+model reads the head drafters' cache).
 Head drafters train on the VOCAB_TRIM most frequent training tokens only (VocabTrim): their
 output layer costs a third of the full one, in training and when drafting. Objective: LK,
 -log of the expected acceptance (held-out 1 - TV of EAGLE after 100 updates: fkl 0.337, lk

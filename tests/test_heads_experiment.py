@@ -22,6 +22,7 @@ from speculax.train.corpus import token_rows
 from speculax.train.experiment import DataConfig, DistillExperiment, run
 from speculax.train.heads import HeadsConfig
 from speculax.train.metrics_log import MetricsLog
+from speculax.train import teacher_cache
 from speculax.train.optim import OptimConfig
 
 from tiny_prompts import NEW, PROMPTS
@@ -158,6 +159,24 @@ def test_distill_runs_on_the_same_runner_and_saves_a_loadable_draft_model(
   out = speculative_generate(params, cfg, PROMPTS[:4], drafter,
                              SpecConfig(k=3, max_new_tokens=NEW), drafter_params=dparams)
   assert out.tokens == tiny_reference[:4]
+
+
+def test_a_draft_model_reads_a_head_drafters_teacher_cache(model, trained, tmp_path, monkeypatch):
+  """The Medusa run's cache holds the target's features too; a draft model of the same data
+  reads its log-probs (no second pass of the target) and sees what its own cache would hold."""
+  own = run(_exp(tmp_path / "own", "distill", DistillConfig(batch_size=4, optim=OPTIM)),
+            model=model, until=1)
+
+  def no_target_pass(*args):
+    raise AssertionError("the teacher cache was built again")
+
+  monkeypatch.setattr(teacher_cache, "_teacher_batch", no_target_pass)
+  exp = dataclasses.replace(_exp(tmp_path / "shared", "distill", DistillConfig(
+      batch_size=4, optim=OPTIM)), teacher_dir=str(trained[0].folder))
+  shared = run(exp, model=model, until=1)
+  assert not list(exp.folder.glob("teacher_*"))
+  assert shared["heldout_before"] == own["heldout_before"]
+  jax.tree.map(np.testing.assert_array_equal, shared["state"].params, own["state"].params)
 
 
 def test_a_run_starts_from_a_finished_one_of_its_kind(model, trained, tmp_path):

@@ -166,3 +166,28 @@ def test_build_errors(tiny, tokens, tmp_path):
   with pytest.raises(ValueError, match="not a teacher cache"):
     _build(tmp_path / "user", tiny, tokens, overwrite=True)
   assert (tmp_path / "user" / "notes.txt").read_text() == "mine"
+
+
+def test_a_cache_serves_runs_that_need_fewer_features(tiny, tokens, direct, tmp_path):
+  cfg, params = tiny
+  path = _build(tmp_path / "c", tiny, tokens, hidden_layers=LAYERS).path
+  cover = lambda folders, **kw: teacher_cache.open_covering(
+      folders, params, cfg, tokens, **({"top_k": 4} | kw))
+  rows = np.array([5, 1, 1])
+  got = cover([tmp_path / "none", path]).batch(rows)  # a folder without a cache is passed over
+  assert set(got) == {"tokens", "logprobs", "ids"}
+  values, ids = _top_k(direct[0], 4)
+  np.testing.assert_array_equal(got["ids"], ids[rows])
+  np.testing.assert_allclose(got["logprobs"], values[rows], rtol=1e-5, atol=1e-5)
+  some = cover([path], hidden_layers=(-1, 0))
+  assert some.hidden_layers == (-1, 0)
+  np.testing.assert_allclose(some.batch(rows)["hidden"], direct[1][[2, 0]][:, rows],
+                             rtol=1e-5, atol=1e-5)
+  # Other contents, or features it does not hold: not served.
+  assert cover([path], top_k=8) is None
+  assert cover([path], hidden_layers=(2,)) is None
+  assert teacher_cache.open_covering([path], params, cfg, tokens[::-1], top_k=4) is None
+  with pytest.raises(ValueError, match=r"stores hidden layers \[-1, 0\], not \[1\]"):
+    some.with_layers((1,))
+  (path / "progress.json").write_text(json.dumps({"done_shards": [0, 1]}))
+  assert cover([path]) is None  # unfinished

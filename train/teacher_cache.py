@@ -2,6 +2,7 @@
 
     cache = build_teacher_cache("runs/teacher", params, config, tokens, top_k=32)  # [n, t] rows
     cache = TeacherCache.open("runs/teacher", vocab_size=drafter_config.vocab_size)
+    cache = open_covering(folders, params, config, tokens, top_k=32, hidden_layers=())  # or None
     batch = cache.batch(rows)  # tokens [b, t], logprobs, ids [b, t, K], hidden [l, b, t, d]
 
 Layout of the folder (tensorstore zarr v3 arrays, chunked by shards of rows):
@@ -73,6 +74,28 @@ def build_teacher_cache(path: str | pathlib.Path, params: Any, config: LlamaConf
     done.add(s)
     write_json_atomic(path / _PROGRESS, {"done_shards": sorted(done)})
   return TeacherCache.open(path, vocab_size=config.vocab_size)
+
+
+def open_covering(folders, params: Any, config: LlamaConfig, tokens: np.ndarray, *,
+                  top_k: int | None, hidden_layers: tuple[int, ...] = ()) -> TeacherCache | None:
+  """The first complete cache among `folders` that the same target made from the same tokens
+  and top_k, storing at least `hidden_layers`, read with those layers only; else None.
+
+  So one cache serves every drafter of a corpus that needs no more features than it holds (a
+  head drafter's cache also serves the draft model, which needs none) instead of a second pass
+  of the target over the same rows.
+  """
+  tokens, hidden_layers = _checked_tokens(tokens, config), _checked_layers(hidden_layers, config)
+  want = _meta(config, params, tokens, top_k, hidden_layers, rows_per_shard=0)
+  layout = {"hidden_layers", "rows_per_shard"}  # how the cache is stored, not what it holds
+  for folder in map(pathlib.Path, folders):
+    have = read_json_object(folder / _META) if (folder / _META).is_file() else {}
+    if (any(have.get(k) != v for k, v in want.items() if k not in layout)
+        or not set(hidden_layers) <= set(have["hidden_layers"])
+        or len(_read_progress(folder)) < _n_shards(have)):
+      continue
+    return TeacherCache.open(folder, vocab_size=config.vocab_size).with_layers(hidden_layers)
+  return None
 
 
 def _shard_outputs(params, config, tokens, top_k, hidden_layers, batch_size) -> dict:
@@ -309,6 +332,18 @@ class TeacherCache:
 
   def __len__(self) -> int:
     return self.n
+
+  def with_layers(self, hidden_layers: tuple[int, ...]) -> TeacherCache:
+    """This cache read with only `hidden_layers` of its stored ones (none: no hidden array)."""
+    stored = self.hidden_layers
+    if missing := [i for i in hidden_layers if i not in stored]:
+      raise ValueError(f"teacher cache {self.path} stores hidden layers {list(stored)}, not "
+                       f"{missing}")
+    arrays = {k: a for k, a in self.arrays.items() if k != "hidden"}
+    if hidden_layers:
+      arrays["hidden"] = self.arrays["hidden"][[stored.index(i) for i in hidden_layers]]
+    meta = self.meta | {"hidden_layers": list(hidden_layers)}
+    return dataclasses.replace(self, meta=meta, arrays=arrays)
 
   def batch(self, rows: Any) -> dict[str, np.ndarray]:
     """Rows (any order, repeats allowed) of every array: tokens [b, t], logprobs [b, t, v or K],
