@@ -2,8 +2,8 @@
 tokens/s at batch 1, greedy): each shipped head drafter at chain lengths 1, 2 and 4 and drafting
 its tree, on held-out HumanEval and chat prompts.
 
-  speculax bench --config heads --out runs/bench   (12 min on 2 CPU cores for Medusa, EAGLE and
-  EAGLE + TTT)
+  speculax bench --config heads --out runs/bench   (11 min on 2 CPU cores for Medusa, Hydra++,
+  EAGLE and EAGLE + TTT)
 """
 from speculax.bench.config import BenchConfig
 from speculax.configs.bench.drafters import DRAFTERS, trained_rows
