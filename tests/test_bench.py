@@ -93,6 +93,17 @@ def test_heads_set_has_rows_for_the_shipped_head_drafters_only(tmp_path):
   assert rows[0].options["heads"] == str(tmp_path / "medusa-smollm2")
 
 
+def test_draft_model_set_reads_the_trained_run_or_says_to_train_it(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # the set reads runs/ of the working directory
+  with pytest.raises(ValueError, match="no trained draft model in runs/distill-smollm2"):
+    load_config("draft_model")
+  (tmp_path / "runs" / "distill-smollm2-fkl").mkdir(parents=True)
+  rows = load_config("draft_model").methods
+  assert [m.name for m in rows] == ["draft-model k=1", "draft-model k=2", "draft-model k=4",
+                                    "draft-model tree (9 nodes)"]
+  assert rows[0].options["draft"] == "runs/distill-smollm2-fkl"
+
+
 def test_shipped_sets_load_and_overrides_apply():
   assert {"quick", "drafters"} <= set(shipped())
   cfg = overrides.apply(load_config("quick"), ["prompts=5", "batch_sizes=1,8",
