@@ -17,12 +17,12 @@ from speculax.drafters.medusa import Medusa
 from speculax.models.config import get_preset
 from speculax.models.load import LoadedModel
 from speculax.models.sharding import MeshConfig
+from speculax.train import teacher_cache
 from speculax.train.distill import DistillConfig
 from speculax.train.corpus import token_rows
 from speculax.train.experiment import DataConfig, DistillExperiment, run
 from speculax.train.heads import HeadsConfig
 from speculax.train.metrics_log import MetricsLog
-from speculax.train import teacher_cache
 from speculax.train.optim import OptimConfig
 
 from tiny_prompts import NEW, PROMPTS

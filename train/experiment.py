@@ -36,7 +36,7 @@ from speculax.train.distill import DistillConfig, eval_metrics
 from speculax.train.heads import HeadsConfig
 from speculax.train.loop import Target, fit, place_frozen, replicate_rest, sharded_init
 from speculax.train.metrics_log import MetricsLog
-from speculax.train.teacher_cache import build_teacher_cache, open_covering, params_fingerprint
+from speculax.train.teacher_cache import build_teacher_cache, params_fingerprint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,14 +192,11 @@ def run(exp: DistillExperiment, *, until: int | None = None,
   order = vocab_trim.frequency_order(train_tokens, model.config.vocab_size)
   s = student(exp, model, order)
 
-  def teacher_cache(split: str, tokens: np.ndarray):
-    def open_or_build():  # a finished cache of the split that holds enough features, else ours
-      kw = dict(top_k=exp.data.top_k, hidden_layers=s.hidden_layers)
-      found = sorted(caches.glob(cache_name(split, ()) + "*"))
-      return (open_covering(found, model.params, model.config, tokens, **kw)
-              or build_teacher_cache(caches / cache_name(split, s.hidden_layers), model.params,
-                                     model.config, tokens, **kw))
-    return primary_first(open_or_build, f"teacher cache {split}")
+  def teacher_cache(split: str, tokens: np.ndarray):  # or a finished one of the split's others
+    return primary_first(lambda: build_teacher_cache(
+        caches / cache_name(split, s.hidden_layers), model.params, model.config, tokens,
+        top_k=exp.data.top_k, hidden_layers=s.hidden_layers,
+        reuse=sorted(caches.glob(cache_name(split, ()) + "*"))), f"teacher cache {split}")
 
   teacher, held = teacher_cache("train", train_tokens), teacher_cache("heldout", held_tokens)
   state = sharded_init(s.params, s.config, exp.distill, exp.mesh)

@@ -51,17 +51,22 @@ ROW_AXIS = {"hidden": 1}
 def build_teacher_cache(path: str | pathlib.Path, params: Any, config: LlamaConfig,
                         tokens: np.ndarray, *, top_k: int | None = None,
                         hidden_layers: tuple[int, ...] = (), rows_per_shard: int = 64,
-                        batch_size: int = 8, overwrite: bool = False) -> TeacherCache:
+                        batch_size: int = 8, overwrite: bool = False,
+                        reuse=()) -> TeacherCache:
   """Runs the target over token rows [n, t] and stores its outputs under `path`; resumable.
 
   Calling it again on the same folder with the same settings, params and tokens finishes the
   shards still missing (a no-op when complete); different ones raise unless `overwrite`.
+  reuse: folders to read instead when one holds a finished cache of the same outputs with at
+  least `hidden_layers` (open_covering); then nothing is built.
   """
   tokens = _checked_tokens(tokens, config)
   hidden_layers = _checked_layers(hidden_layers, config)
   _check_settings(config, tokens.shape, top_k, rows_per_shard, batch_size)
   path = pathlib.Path(path)
   meta = _meta(config, params, tokens, top_k, hidden_layers, rows_per_shard)
+  if found := _covering(reuse, meta, config):
+    return found
   _prepare_folder(path, meta, overwrite)
   arrays = _open_arrays(path, meta, create=True)
   done = _read_progress(path)
@@ -86,15 +91,20 @@ def open_covering(folders, params: Any, config: LlamaConfig, tokens: np.ndarray,
   of the target over the same rows.
   """
   tokens, hidden_layers = _checked_tokens(tokens, config), _checked_layers(hidden_layers, config)
-  want = _meta(config, params, tokens, top_k, hidden_layers, rows_per_shard=0)
+  return _covering(folders, _meta(config, params, tokens, top_k, hidden_layers, 0), config)
+
+
+def _covering(folders, want: dict, config: LlamaConfig) -> TeacherCache | None:
+  """open_covering for the outputs `want` (a _meta) describes."""
   layout = {"hidden_layers", "rows_per_shard"}  # how the cache is stored, not what it holds
   for folder in map(pathlib.Path, folders):
     have = read_json_object(folder / _META) if (folder / _META).is_file() else {}
     if (any(have.get(k) != v for k, v in want.items() if k not in layout)
-        or not set(hidden_layers) <= set(have["hidden_layers"])
-        or len(_read_progress(folder)) < _n_shards(have)):
+        or not set(want["hidden_layers"]) <= set(have["hidden_layers"])
+        or _shards_done(folder, have) < _n_shards(have)):
       continue
-    return TeacherCache.open(folder, vocab_size=config.vocab_size).with_layers(hidden_layers)
+    cache = TeacherCache.open(folder, vocab_size=config.vocab_size)
+    return cache.with_layers(tuple(want["hidden_layers"]))
   return None
 
 
@@ -277,6 +287,10 @@ def _write_rows(arrays: dict[str, ts.TensorStore], lo: int, hi: int, outputs: di
     f.result()
 
 
+def _shards_done(path: pathlib.Path, meta: dict) -> int:
+  return len(_read_progress(path) & set(range(_n_shards(meta))))
+
+
 def _read_progress(path: pathlib.Path) -> set[int]:
   file = path / _PROGRESS
   return set(read_json_object(file)["done_shards"]) if file.is_file() else set()
@@ -304,7 +318,7 @@ class TeacherCache:
     if meta["vocab_size"] != vocab_size:
       raise ValueError(f"teacher cache {path} has vocabulary size {meta['vocab_size']}, but the "
                        f"model it is opened for has vocabulary size {vocab_size}")
-    done, total = len(_read_progress(path) & set(range(_n_shards(meta)))), _n_shards(meta)
+    done, total = _shards_done(path, meta), _n_shards(meta)
     if done < total:
       raise ValueError(f"teacher cache {path} is incomplete: {done} of {total} shards done; "
                        "run build_teacher_cache again with the same arguments to finish it")
