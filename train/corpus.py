@@ -150,7 +150,7 @@ def token_rows(cfg: Any, model: Any, folder: str | pathlib.Path,
   n_code = round(cfg.rows * cfg.code_fraction) if cfg.corpus == "mixed" else 0
   rows = []
   for split, want in (("train", cfg.rows - n_code), ("heldout", cfg.heldout_rows)):
-    asked, texts = _prompts(cfg, split)
+    asked, texts = split_prompts(cfg, split)
     docs = [tok.encode(t) for t in texts]
     if asked:
       docs += answers(pathlib.Path(cfg.answers_dir or folder) / f"answers_{split}", model.params,
@@ -172,7 +172,7 @@ def _code_rows(cfg: Any, tok: Any, split: str, rows: int) -> np.ndarray:  # [row
   return data.pack_sequences(tok, data.read_texts(files), cfg.seq_len, max_rows=rows)
 
 
-def _prompts(cfg: Any, split: str) -> tuple[list[str], list[str]]:
+def split_prompts(cfg: Any, split: str) -> tuple[list[str], list[str]]:
   """(prompts to answer, texts as they stand) of one split."""
   if cfg.prompts_file is None:
     # Held out: enough prompts for heldout_rows (an answer with its prompt is >= ~100 tokens).

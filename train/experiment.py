@@ -33,7 +33,7 @@ from speculax.models.load import LoadedModel, load
 from speculax.models.sharding import MeshConfig, make_mesh
 from speculax.train import corpus
 from speculax.train.distill import DistillConfig, eval_metrics
-from speculax.train.heads import HeadsConfig
+from speculax.train.heads import HeadsConfig, frozen_params
 from speculax.train.loop import Target, fit, place_frozen, replicate_rest, sharded_init
 from speculax.train.metrics_log import MetricsLog
 from speculax.train.teacher_cache import build_teacher_cache, params_fingerprint
@@ -117,16 +117,13 @@ def student(exp: DistillExperiment, model: LoadedModel, order: np.ndarray) -> St
   """
   cfg = exp.distill
   if isinstance(cfg, HeadsConfig):
-    drafter, frozen = cfg.drafter, model.params
+    drafter = cfg.drafter
     params = drafter.init_params(model.config, jax.random.key(cfg.seed))
     if exp.init_from is not None:
       params = warm_start(exp.init_from, type(drafter), params, model.config)
-    if drafter.vocab_trim:
-      ids = vocab_trim.check_order(order, model.config.vocab_size, drafter.vocab_trim)
-      head = vocab_trim.trimmed_head(*drafter.output_layer(params, model.params, model.config),
-                                     ids[:drafter.vocab_trim])
-      frozen = {**frozen, vocab_trim.TRIM: head}
-    return Student(model.config, params, frozen, tuple(drafter.hidden_layers))
+    return Student(model.config, params,
+                   frozen_params(drafter, params, model.params, model.config, order),
+                   tuple(drafter.hidden_layers))
   config, params = truncated(model.params, model.config, exp.draft_layers)
   if exp.init_from is not None:
     params = warm_start(exp.init_from, DraftModel, params, model.config)

@@ -96,3 +96,15 @@ class HeadsConfig(Checked):
       metrics["aux_loss"] = out["aux_loss"]
     return total, metrics | {"loss": total, "acceptance": sum(accs) / depth}
 
+
+
+def frozen_params(drafter: Drafter, params, target_params, config, order) -> dict:
+  """What a head drafter's objective reads but never trains: the target's params, and with
+  VocabTrim the output rows (vocab_trim.TRIM) of the first drafter.vocab_trim ids of `order`
+  (the training tokens by frequency [v])."""
+  if not drafter.vocab_trim:
+    return target_params
+  ids = vocab_trim.check_order(order, config.vocab_size, drafter.vocab_trim)
+  head = vocab_trim.trimmed_head(*drafter.output_layer(params, target_params, config),
+                                 ids[:drafter.vocab_trim])
+  return {**target_params, vocab_trim.TRIM: head}

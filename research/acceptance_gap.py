@@ -1,0 +1,193 @@
+"""Why decoding keeps fewer first drafts than a drafter's held-out 1 - TV promises.
+
+For each trained drafter, its first draft scored teacher-forced (the training path: the
+drafter's train_outputs, or the draft model's forward) against the target's exact law, on the
+positions a decode loop drafts at:
+
+  held-out rows    the recipe's held-out rows, every position (train_drafters' number)
+  held-out greedy  the target's greedy answers to the held-out split's prompts, answer positions
+  held-out t=1     the same for the answers sampled at temperature 1
+  <suite> answers  the target's greedy answers to a bench suite's prompts (the bench's prompts)
+  <suite> replay   the k = 1 greedy loop replayed on those answers from the teacher-forced
+                   top-1 (a kept draft moves two tokens on, a rejected one one)
+  <suite> decode   the k = 1 greedy loop's measured first-draft acceptance on the same prompts
+
+Greedy decoding keeps a draft iff its argmax is the target's, so "replay" must equal "decode"
+(the serving path drafts what training scored); the gap between the held-out columns and the
+suites' is then the data's, not the loop's.
+
+  .venv/bin/python -m speculax.research.acceptance_gap [--drafters FOLDER ...] [--out results]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculax.bench import suites
+from speculax.bench.measure import machine, run_prompts
+from speculax.bench.report import table
+from speculax.configs.smollm2_recipe import DATA
+from speculax.decode.config import SpecConfig
+from speculax.drafters import heads_io, registry, vocab_trim
+from speculax.drafters.draft_model import DraftModel
+from speculax.models import llama
+from speculax.models.load import load
+from speculax.research.common import add_target_and_out
+from speculax.train import corpus
+from speculax.train.heads import frozen_params
+from speculax.train.teacher_cache import params_fingerprint
+
+RECIPE = pathlib.Path("results/train_drafters.json")  # the held-out rows' numbers
+DISTILLED = pathlib.Path("runs/distill-smollm2-fkl")  # the recipe's draft model, when trained
+
+
+def default_folders() -> list[pathlib.Path]:
+  """The shipped drafters, and the recipe's distilled draft model where it was trained."""
+  found = sorted(p for p in pathlib.Path("results/drafters").glob("*-smollm2"))
+  return [p for p in [*found, DISTILLED] if heads_io.is_saved(p)]
+
+
+@functools.partial(jax.jit, static_argnames=("drafter", "config"))
+def first_draft(drafter, params, frozen, config, tokens) -> tuple[jax.Array, jax.Array]:
+  """(top1, accept) [b, t]: at target position m, whether the drafter's first draft of token
+  m + 1 (teacher-forced on tokens [b, t]) is the target's argmax there, and its 1 - TV against
+  the target's law. Position 0 is undefined for head drafters (they draft from position m - 1's
+  features)."""
+  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  layers = tuple(getattr(drafter, "hidden_layers", ()))
+  logits, hidden, _ = llama.forward(frozen, config, tokens, positions,
+                                    hidden_layers=layers or (-1,))
+  if isinstance(drafter, DraftModel):
+    q = llama.forward(params, drafter.config, tokens, positions)[0]  # [b, t, v] law of m + 1
+  else:  # depth 1 at position i is the law of token i + 2: the target's at i + 1
+    batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.ones(tokens.shape, jnp.float32)}
+    z = drafter.train_outputs(params, frozen, config, batch, jax.random.key(0))["logits"][:, :, 0]
+    if vocab_trim.TRIM in frozen:  # [b, t, n] over the kept ids: -inf elsewhere
+      z = jnp.full(z.shape[:2] + (config.vocab_size,), -jnp.inf).at[
+          ..., frozen[vocab_trim.TRIM]["ids"]].set(z)
+    q = jnp.concatenate([jnp.full_like(z[:, :1], -jnp.inf).at[..., 0].set(0.0), z[:, :-1]], 1)
+  p, q = jax.nn.softmax(logits.astype(jnp.float32)), jax.nn.softmax(q.astype(jnp.float32))
+  return jnp.argmax(q, -1) == jnp.argmax(p, -1), jnp.minimum(p, q).sum(-1)
+
+
+def replay_k1(top1: np.ndarray, start: int, length: int) -> tuple[int, int]:
+  """(drafts kept, verify steps) of the k = 1 greedy loop on one greedy answer, from the
+  teacher-forced top-1 per target position [t]: the answer's tokens sit at start .. length - 1;
+  with g of them out, the loop drafts token start + g from target position start + g - 1."""
+  kept = steps = 0
+  g = 1  # the prefill's token
+  while g < length - start:
+    ok = bool(top1[start + g - 1])
+    kept, steps, g = kept + ok, steps + 1, g + 1 + ok
+  return kept, steps
+
+
+def score(drafter, params, model, docs: list[list[int]], starts: list[int],
+          batch: int = 2) -> dict:
+  """Teacher-forced first-draft metrics over the drafted positions of docs (prompt + answer,
+  the answer from starts[i]): mean 1 - TV and top-1, and the k = 1 replay's acceptance."""
+  order = params.get(vocab_trim.IDS)  # a trimmed drafter's kept ids come first
+  params = {k: v for k, v in params.items() if k != vocab_trim.IDS}
+  frozen = model.params if isinstance(drafter, DraftModel) else frozen_params(
+      drafter, params, model.params, model.config, order)
+  t = -(-max(map(len, docs)) // 64) * 64  # one compile per 64-token bucket
+  top1s, accepts, kept, steps = [], [], 0, 0
+  for lo in range(0, len(docs), batch):
+    part = docs[lo:lo + batch]
+    rows = np.stack([np.pad(d, (0, t - len(d)), mode="edge") for d in part + part[-1:] *
+                     (batch - len(part))]).astype(np.int32)
+    top1, accept = jax.tree.map(np.asarray, first_draft(drafter, params, frozen, model.config,
+                                                        jnp.asarray(rows)))
+    for r, (d, s) in enumerate(zip(part, starts[lo:lo + batch])):
+      drafted = slice(s, len(d) - 1)  # target positions whose next token a loop drafts
+      top1s.append(top1[r, drafted])
+      accepts.append(accept[r, drafted])
+      a, n = replay_k1(top1[r], s, len(d))
+      kept, steps = kept + a, steps + n
+  return {"accept": float(np.concatenate(accepts).mean()),
+          "top1": float(np.concatenate(top1s).mean()), "replay": kept / max(steps, 1),
+          "positions": int(sum(map(len, top1s)))}
+
+
+def heldout_answers(model, limit: int) -> dict[str, tuple[list[list[int]], list[int]]]:
+  """The recipe's held-out answers (prompt + answer ids, answer start), greedy and t=1 apart."""
+  asked, _ = corpus.split_prompts(DATA, "heldout")
+  asked = asked[:limit]
+  docs = corpus.answers(pathlib.Path(DATA.answers_dir) / "answers_heldout", model.params,
+                        model.config, model.tokenizer, asked, max_new_tokens=DATA.answer_tokens,
+                        temperatures=DATA.temperatures, batch_size=DATA.generate_batch,
+                        fingerprint=params_fingerprint(model.params))
+  out = {}
+  for i, (prompt, doc) in enumerate(zip(asked, docs)):
+    head = model.tokenizer.encode(model.tokenizer.chat_prompt(prompt))
+    if doc[:len(head)] != head:
+      raise ValueError(f"held-out answer {i} does not start with its chat prompt")
+    name = "held-out greedy" if DATA.temperatures[i % len(DATA.temperatures)] == 0 else "held-out t=1"
+    d, s = out.setdefault(name, ([], []))
+    d.append(doc)
+    s.append(len(head))
+  return out
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  add_target_and_out(ap)
+  ap.add_argument("--drafters", nargs="*", type=pathlib.Path, default=None,
+                  help="trained drafter folders (default: results/drafters/*-smollm2 and "
+                       f"{DISTILLED} if trained)")
+  ap.add_argument("--suites", nargs="*", default=["humaneval", "chat"])
+  ap.add_argument("--prompts", type=int, default=3, help="prompts per suite (the bench's 3)")
+  ap.add_argument("--new-tokens", type=int, default=48)
+  ap.add_argument("--heldout", type=int, default=40, help="held-out prompts (half greedy)")
+  args = ap.parse_args()
+  folders = default_folders() if args.drafters is None else args.drafters
+  if not folders:
+    ap.error("no trained drafters found; train one (research/train_drafters.py) or pass --drafters")
+  model = load(args.model)
+  spec = SpecConfig(k=1, max_new_tokens=args.new_tokens)
+  sets = heldout_answers(model, args.heldout)
+  prompts = {}
+  for name in args.suites:
+    ids = suites.encode(model.tokenizer, suites.suite(name, args.prompts))
+    answers = run_prompts(model, ids, None, None, spec).tokens
+    prompts[name] = ids
+    sets[f"{name} answers"] = ([p + a for p, a in zip(ids, answers)], [len(p) for p in ids])
+  recipe = json.loads(RECIPE.read_text())["runs"] if RECIPE.is_file() else {}
+  rows = {}
+  for folder in folders:
+    drafter, params = registry.load(folder, model)
+    after = recipe.get(folder.name, {}).get("after", {})
+    row = rows[folder.name] = {"held-out rows": after.get("acceptance/depth1",
+                                                          after.get("acceptance"))}
+    for name, (docs, starts) in sets.items():
+      row[name] = score(drafter, params, model, docs, starts)
+    for name, ids in prompts.items():
+      run = run_prompts(model, ids, drafter, params, spec)
+      row[f"{name} decode"] = run.acceptance[0]
+    print(folder.name, json.dumps(row), flush=True)
+    jax.clear_caches()
+  cols = list(sets)
+  print(f"\nFirst draft: 1 - TV (top-1) teacher-forced, k = 1 replay / decode; {machine()}\n")
+  print(table(["drafter", "held-out rows"] + cols + [f"{s} replay / decode" for s in prompts],
+              [[n, "-" if r["held-out rows"] is None else f"{r['held-out rows']:.3f}"]
+               + [f"{r[c]['accept']:.3f} ({r[c]['top1']:.2f})" for c in cols]
+               + [f"{r[f'{s} answers']['replay']:.2f} / {r[f'{s} decode']:.2f}" for s in prompts]
+               for n, r in rows.items()]))
+  args.out.mkdir(parents=True, exist_ok=True)
+  path = args.out / "acceptance_gap.json"
+  path.write_text(json.dumps({"machine": machine(), "command": "python -m "
+                              "speculax.research.acceptance_gap", "suites": args.suites,
+                              "prompts": args.prompts, "new_tokens": args.new_tokens,
+                              "heldout": args.heldout, "rows": rows}, indent=1))
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,66 @@
+"""research/acceptance_gap.py: the teacher-forced first draft (the training path) replayed
+through the k = 1 greedy rule keeps exactly the drafts the decode loop keeps, for a head drafter
+(with and without VocabTrim) and a draft model; a draft model equal to the target scores 1."""
+import dataclasses
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from speculax.decode.config import SpecConfig
+from speculax.decode.speculative import speculative_generate
+from speculax.drafters import vocab_trim
+from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.eagle import Eagle
+from speculax.models.derive import truncated
+from speculax.research.acceptance_gap import replay_k1, score
+
+from test_eagle import _params as eagle_params
+from tiny_prompts import NEW, PROMPTS
+
+
+def _drafters(cfg, params):
+  eagle = Eagle()
+  order = np.random.default_rng(0).permutation(cfg.vocab_size)
+  trimmed = dataclasses.replace(eagle, vocab_trim=cfg.vocab_size // 2)
+  e = eagle_params(cfg, params, eagle)
+  return {"eagle": (eagle, e), "eagle-trimmed": (trimmed, {**e, vocab_trim.IDS: order}),
+          "draft-model": (DraftModel(*truncated(params, cfg, range(1))[:1]),
+                          truncated(params, cfg, range(1))[1])}
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle-trimmed", "draft-model"])
+def test_replay_keeps_what_the_decode_loop_keeps(tiny, tiny_reference, name):
+  cfg, params = tiny
+  drafter, dparams = _drafters(cfg, params)[name]
+  model = types.SimpleNamespace(params=params, config=cfg)
+  docs = [list(p) + list(a) for p, a in zip(PROMPTS, tiny_reference)]
+  got = score(drafter, dparams, model, docs, [len(p) for p in PROMPTS])
+  kept = steps = 0
+  for p in PROMPTS:  # decoded alone: batch 1, as the research script's loop
+    out = speculative_generate(params, cfg, [p], drafter, SpecConfig(k=1, max_new_tokens=NEW),
+                               drafter_params=dparams)
+    kept, steps = kept + int(out.accepted_at[0]), steps + out.row_steps
+  assert steps > len(PROMPTS)
+  assert 0 < kept < steps  # a rate strictly inside (0, 1), so a misaligned replay shows
+  assert got["replay"] == pytest.approx(kept / steps)
+  assert 0 < got["accept"] < 1 and got["positions"] == sum(len(a) - 1 for a in tiny_reference)
+
+
+def test_a_draft_model_equal_to_the_target_scores_one(tiny, tiny_reference):
+  cfg, params = tiny
+  model = types.SimpleNamespace(params=params, config=cfg)
+  docs = [list(p) + list(a) for p, a in zip(PROMPTS, tiny_reference)]
+  got = score(DraftModel(cfg), params, model, docs, [len(p) for p in PROMPTS])
+  assert got["top1"] == 1.0 and got["replay"] == 1.0
+  assert got["accept"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_replay_moves_two_tokens_on_a_kept_draft():
+  # answer at 2..8 (7 tokens): g = 1 drafts from 2 (kept, g = 3), from 4 (rejected, g = 4),
+  # from 5 (kept, g = 6), from 7 (rejected, g = 7): 2 of 4
+  top1 = np.array([0, 0, 1, 0, 0, 1, 0, 0, 1], bool)
+  assert replay_k1(top1, start=2, length=9) == (2, 4)
+  assert replay_k1(np.ones(9, bool), start=2, length=9) == (3, 3)
+  assert replay_k1(np.ones(9, bool), start=8, length=9) == (0, 0)
