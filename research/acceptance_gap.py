@@ -128,8 +128,8 @@ def heldout_answers(model, limit: int) -> dict[str, tuple[list[list[int]], list[
     head = model.tokenizer.encode(model.tokenizer.chat_prompt(prompt))
     if doc[:len(head)] != head:
       raise ValueError(f"held-out answer {i} does not start with its chat prompt")
-    name = "held-out greedy" if DATA.temperatures[i % len(DATA.temperatures)] == 0 else "held-out t=1"
-    d, s = out.setdefault(name, ([], []))
+    greedy = DATA.temperatures[i % len(DATA.temperatures)] == 0
+    d, s = out.setdefault("held-out greedy" if greedy else "held-out t=1", ([], []))
     d.append(doc)
     s.append(len(head))
   return out

@@ -1,6 +1,6 @@
 """research/acceptance_gap.py: the teacher-forced first draft (the training path) replayed
 through the k = 1 greedy rule keeps exactly the drafts the decode loop keeps, for a head drafter
-(with and without VocabTrim) and a draft model; a draft model equal to the target scores 1."""
+(EAGLE with and without VocabTrim, Medusa, Hydra) and a draft model; a draft model equal to the target scores 1."""
 import dataclasses
 import types
 
@@ -13,10 +13,14 @@ from speculax.decode.speculative import speculative_generate
 from speculax.drafters import vocab_trim
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.eagle import Eagle
+from speculax.drafters.hydra import Hydra
+from speculax.drafters.medusa import Medusa
 from speculax.models.derive import truncated
 from speculax.research.acceptance_gap import replay_k1, score
 
 from test_eagle import _params as eagle_params
+from test_hydra import random_params
+from test_medusa import _random_heads
 from tiny_prompts import NEW, PROMPTS
 
 
@@ -25,12 +29,14 @@ def _drafters(cfg, params):
   order = np.random.default_rng(0).permutation(cfg.vocab_size)
   trimmed = dataclasses.replace(eagle, vocab_trim=cfg.vocab_size // 2)
   e = eagle_params(cfg, params, eagle)
+  hydra = Hydra(3)
   return {"eagle": (eagle, e), "eagle-trimmed": (trimmed, {**e, vocab_trim.IDS: order}),
+          "medusa": (Medusa(4), _random_heads(cfg)), "hydra": (hydra, random_params(hydra, cfg)),
           "draft-model": (DraftModel(*truncated(params, cfg, range(1))[:1]),
                           truncated(params, cfg, range(1))[1])}
 
 
-@pytest.mark.parametrize("name", ["eagle", "eagle-trimmed", "draft-model"])
+@pytest.mark.parametrize("name", ["eagle", "eagle-trimmed", "medusa", "hydra", "draft-model"])
 def test_replay_keeps_what_the_decode_loop_keeps(tiny, tiny_reference, name):
   cfg, params = tiny
   drafter, dparams = _drafters(cfg, params)[name]

@@ -2,13 +2,14 @@
 tokens/s at batch 1, greedy): each shipped head drafter at chain lengths 1, 2 and 4 and drafting
 its tree, on held-out HumanEval and chat prompts.
 
-  speculax bench --config heads --out runs/bench   (11 min on 2 CPU cores for Medusa, Hydra++,
-  EAGLE and EAGLE + TTT)
+  speculax bench --config heads --out runs/bench   (14 min on 2 CPU cores for Medusa, Hydra++,
+  EAGLE, EAGLE + TTT and EAGLE-3)
 """
 from speculax.bench.config import BenchConfig
 from speculax.configs.bench.drafters import DRAFTERS, trained_rows
 
-HEADS = ("medusa", "hydra", "eagle", "eagle-ttt")  # TRAINED's head drafters, weakest expected first
+# TRAINED's head drafters, weakest expected first
+HEADS = ("medusa", "hydra", "eagle", "eagle-ttt", "eagle3")
 
 
 def methods(drafters=DRAFTERS, ks: tuple[int, ...] = (1, 2, 4)) -> tuple:
