@@ -97,7 +97,6 @@ class HeadsConfig(Checked):
     return total, metrics | {"loss": total, "acceptance": sum(accs) / depth}
 
 
-
 def frozen_params(drafter: Drafter, params, target_params, config, order) -> dict:
   """What a head drafter's objective reads but never trains: the target's params, and with
   VocabTrim the output rows (vocab_trim.TRIM) of the first drafter.vocab_trim ids of `order`
