@@ -17,10 +17,12 @@ Greedy decoding keeps a draft iff its argmax is the target's, so "replay" must e
 suites' is then the data's, not the loop's.
 
   .venv/bin/python -m speculax.research.acceptance_gap [--drafters FOLDER ...] [--out results]
+  .venv/bin/python -m speculax.research.acceptance_gap --report results/acceptance_gap.json
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import json
 import pathlib
@@ -171,7 +173,12 @@ def main():
   ap.add_argument("--prompts", type=int, default=3, help="prompts per suite (the bench's 3)")
   ap.add_argument("--new-tokens", type=int, default=48)
   ap.add_argument("--heldout", type=int, default=40, help="held-out prompts (half greedy)")
+  ap.add_argument("--report", type=pathlib.Path, default=None,
+                  help="print the table of a saved acceptance_gap.json and stop")
   args = ap.parse_args()
+  if args.report is not None:
+    print(report(json.loads(args.report.read_text())))
+    return
   folders = default_folders() if args.drafters is None else args.drafters
   if not folders:
     ap.error("no trained drafters found; train one (research/train_drafters.py) or pass --drafters")
@@ -198,20 +205,35 @@ def main():
       row[f"{name} decode"] = run.acceptance[0]
     print(folder.name, json.dumps(row), flush=True)
     jax.clear_caches()
-  cols = list(sets)
-  print(f"\nFirst draft: 1 - TV (top-1) teacher-forced, k = 1 replay / decode; {machine()}\n")
-  print(table(["drafter", "held-out rows"] + cols + [f"{s} replay / decode" for s in prompts],
-              [[n, "-" if r["held-out rows"] is None else f"{r['held-out rows']:.3f}"]
-               + [f"{r[c]['accept']:.3f} ({r[c]['top1']:.2f})" for c in cols]
-               + [f"{r[f'{s} answers']['replay']:.2f} / {r[f'{s} decode']:.2f}" for s in prompts]
-               for n, r in rows.items()]))
+  result = {"machine": machine(), "date": datetime.date.today().isoformat(),
+            "command": "python -m speculax.research.acceptance_gap", "suites": args.suites,
+            "prompts": args.prompts, "new_tokens": args.new_tokens, "heldout": args.heldout,
+            "rows": rows}
   args.out.mkdir(parents=True, exist_ok=True)
   path = args.out / "acceptance_gap.json"
-  path.write_text(json.dumps({"machine": machine(), "command": "python -m "
-                              "speculax.research.acceptance_gap", "suites": args.suites,
-                              "prompts": args.prompts, "new_tokens": args.new_tokens,
-                              "heldout": args.heldout, "rows": rows}, indent=1))
-  print(f"wrote {path} and {plot(rows, cols, list(prompts), args.out / 'acceptance_gap.png')}")
+  path.write_text(json.dumps(result, indent=1))
+  print(report(result))
+  figure = plot(rows, position_sets(rows), args.suites, args.out / "acceptance_gap.png")
+  print(f"wrote {path} and {figure}")
+
+
+def position_sets(rows: dict) -> list[str]:
+  """The teacher-forced position sets of a result's rows, in their order."""
+  return [c for c, v in next(iter(rows.values())).items() if isinstance(v, dict)]
+
+
+def report(result: dict) -> str:
+  """The README's table of a run's JSON."""
+  rows, suite_names = result["rows"], result["suites"]
+  cols = position_sets(rows)
+  return (f"`{result['command']}` on {result['machine']}, {result['date']}: first draft, "
+          "1 - TV (top-1) teacher-forced; k = 1 greedy loop replayed / decoded\n\n"
+          + table(["drafter", "held-out rows"] + cols
+                  + [f"{s} replay / decode" for s in suite_names],
+                  [[n, "-" if r["held-out rows"] is None else f"{r['held-out rows']:.3f}"]
+                   + [f"{r[c]['accept']:.3f} ({r[c]['top1']:.2f})" for c in cols]
+                   + [f"{r[f'{s} answers']['replay']:.2f} / {r[f'{s} decode']:.2f}"
+                      for s in suite_names] for n, r in rows.items()]))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from speculax.drafters.eagle import Eagle
 from speculax.drafters.hydra import Hydra
 from speculax.drafters.medusa import Medusa
 from speculax.models.derive import truncated
-from speculax.research.acceptance_gap import plot, replay_k1, score
+from speculax.research.acceptance_gap import plot, position_sets, replay_k1, report, score
 
 from test_eagle import _params as eagle_params
 from test_hydra import random_params
@@ -72,9 +72,13 @@ def test_replay_moves_two_tokens_on_a_kept_draft():
   assert replay_k1(np.ones(9, bool), start=8, length=9) == (0, 0)
 
 
-def test_plot_draws_every_drafter(tmp_path):
+def test_plot_and_report_show_every_drafter(tmp_path):
   score_ = {"accept": 0.4, "top1": 0.45, "replay": 0.3, "positions": 10}
   rows = {name: {"held-out rows": None if name == "b" else 0.5, "held-out greedy": score_,
-                 "chat answers": score_, "chat decode": 0.3} for name in ("a", "b")}
-  path = plot(rows, ["held-out greedy", "chat answers"], ["chat"], tmp_path / "gap.png")
+                 "chat answers": score_, "chat decode": 0.25} for name in ("a", "b")}
+  assert position_sets(rows) == ["held-out greedy", "chat answers"]
+  path = plot(rows, position_sets(rows), ["chat"], tmp_path / "gap.png")
   assert path.stat().st_size > 5000
+  text = report({"command": "c", "machine": "m", "date": "d", "suites": ["chat"], "rows": rows})
+  assert "| a | 0.500 | 0.400 (0.45) | 0.400 (0.45) | 0.30 / 0.25 |" in text
+  assert "| b | - |" in text
