@@ -74,7 +74,11 @@ def trimmed_logits(trim: dict, features: jax.Array, vocab_size: int | None = Non
   """Final-normed features [..., d] -> logits [..., v] float32, -inf outside the kept ids; with
   no vocab_size, the kept ids' logits alone [..., n] (training, which scores in that space)."""
   kept = table_dot(features, trim["rows"]).astype(jnp.float32)
-  if vocab_size is None:
-    return kept
-  full = jnp.full((*features.shape[:-1], vocab_size), -jnp.inf, jnp.float32)
-  return full.at[..., trim["ids"]].set(kept)
+  return kept if vocab_size is None else full_vocabulary(trim, kept, vocab_size)
+
+
+def full_vocabulary(trim: dict, kept: jax.Array, vocab_size: int) -> jax.Array:
+  """The kept ids' logits [..., n] placed in the whole vocabulary [..., v], -inf elsewhere (so q
+  is exactly zero outside the kept ids)."""
+  full = jnp.full((*kept.shape[:-1], vocab_size), -jnp.inf, jnp.float32)
+  return full.at[..., trim["ids"]].set(kept.astype(jnp.float32))

@@ -70,9 +70,8 @@ def first_draft(drafter, params, frozen, config, tokens) -> tuple[jax.Array, jax
   else:  # depth 1 at position i is the law of token i + 2: the target's at i + 1
     batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.ones(tokens.shape, jnp.float32)}
     z = drafter.train_outputs(params, frozen, config, batch, jax.random.key(0))["logits"][:, :, 0]
-    if vocab_trim.TRIM in frozen:  # [b, t, n] over the kept ids: -inf elsewhere
-      z = jnp.full(z.shape[:2] + (config.vocab_size,), -jnp.inf).at[
-          ..., frozen[vocab_trim.TRIM]["ids"]].set(z)
+    if vocab_trim.TRIM in frozen:  # [b, t, n] over the kept ids
+      z = vocab_trim.full_vocabulary(frozen[vocab_trim.TRIM], z, config.vocab_size)
     q = jnp.concatenate([jnp.full_like(z[:, :1], -jnp.inf).at[..., 0].set(0.0), z[:, :-1]], 1)
   p, q = jax.nn.softmax(logits.astype(jnp.float32)), jax.nn.softmax(q.astype(jnp.float32))
   return jnp.argmax(q, -1) == jnp.argmax(p, -1), jnp.minimum(p, q).sum(-1)
@@ -144,7 +143,8 @@ def plot(rows: dict, sets: list[str], suite_names: list[str], path: pathlib.Path
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  bars = [("held-out rows (1 - TV)", lambda r: r["held-out rows"] or 0.0)]
+  bars = [("held-out rows (1 - TV)",  # no bar where the recipe has no figure
+           lambda r: np.nan if r["held-out rows"] is None else r["held-out rows"])]
   bars += [(f"{c} (top-1)", lambda r, c=c: r[c]["top1"]) for c in sets]
   bars += [(f"{s} decode", lambda r, s=s: r[f"{s} decode"]) for s in suite_names]
   fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(rows)), 4))
