@@ -125,14 +125,12 @@ def heldout_answers(model, limit: int) -> dict[str, tuple[list[list[int]], list[
                         temperatures=DATA.temperatures, batch_size=DATA.generate_batch,
                         fingerprint=params_fingerprint(model.params))
   out = {}
-  for i, (prompt, doc) in enumerate(zip(asked, docs)):
-    head = model.tokenizer.encode(model.tokenizer.chat_prompt(prompt))
-    if doc[:len(head)] != head:
-      raise ValueError(f"held-out answer {i} does not start with its chat prompt")
+  heads = corpus.prompt_lengths(model.tokenizer, asked, docs)
+  for i, (doc, head) in enumerate(zip(docs, heads)):
     greedy = DATA.temperatures[i % len(DATA.temperatures)] == 0
     d, s = out.setdefault("held-out greedy" if greedy else "held-out t=1", ([], []))
     d.append(doc)
-    s.append(len(head))
+    s.append(head)
   return out
 
 

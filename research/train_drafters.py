@@ -11,6 +11,9 @@ generate --drafter <kind> --heads results/drafters/<name>-smollm2` loads on a fr
   # the objective against forward KL, a short budget each (its own run folders):
   .venv/bin/python -m speculax.research.train_drafters --drafters eagle --steps 100 \
       --divergence lk --tag lk100
+  # loss and held-out metrics on the answers only (the prompts as context):
+  .venv/bin/python -m speculax.research.train_drafters --drafters eagle_ttt --learn answers \
+      --tag answers
 """
 from __future__ import annotations
 
@@ -43,6 +46,8 @@ def _experiment(name: str, args):
                                                            for k, v in args.option))
   if args.steps:
     distill = dataclasses.replace(distill, optim=distill.optim.with_total_steps(args.steps))
+  if args.learn:
+    exp = dataclasses.replace(exp, data=dataclasses.replace(exp.data, learn=args.learn))
   if args.lr:
     distill = dataclasses.replace(distill, optim=dataclasses.replace(distill.optim,
                                                                      learning_rate=args.lr))
@@ -70,6 +75,8 @@ def main():
   ap.add_argument("--divergence", default=None, help="override the objective (fkl, lk, tvd, ...)")
   ap.add_argument("--option", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                   help="a divergence option, e.g. --option kl_weight 0.1")
+  ap.add_argument("--learn", choices=("all", "answers"), default=None,
+                  help="positions the loss and held-out metrics weigh (default: the experiment's)")
   ap.add_argument("--tag", default="", help="suffix of the run folders (runs/<name>-<tag>)")
   ap.add_argument("--ship", action="store_true",
                   help=f"copy finished drafters to {SHIPPED}/<name>-smollm2 in bfloat16")
@@ -97,6 +104,7 @@ def main():
                options=dict(exp.distill.divergence_options), updates=result["steps"],
                train_s=spent["seconds"], rows=exp.data.rows, seq_len=exp.data.seq_len,
                batch=exp.distill.batch_size, lr=exp.distill.optim.learning_rate,
+               learn=exp.data.learn,
                vocab_trim=getattr(getattr(exp.distill, "drafter", None), "vocab_trim", 0),
                before=result["heldout_before"], after=result["heldout_after"])
     if args.ship and result["drafter"]:

@@ -103,7 +103,7 @@ BAD = {
                  "corpus": (1, "", "chat"), "prompts": ints(1), "prompts_file": (1, b"p", ["p"]),
                  "answer_tokens": ints(1), "temperatures": ((-0.5,), 1.0, ("1",)),
                  "generate_batch": ints(1), "code_fraction": ("0.2", -0.1, 1.5, NAN),
-                 "answers_dir": (1, b"p", ["p"])},
+                 "learn": ("prompts", 1, None), "answers_dir": (1, b"p", ["p"])},
     DistillExperiment: {"name": (None, "", 3), "target": (None, "", 3),
                         "draft_layers": ([0, 6], (-1,), (0.5,)),
                         "data": ("stdlib", None, {"rows": 8}),

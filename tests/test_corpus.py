@@ -78,15 +78,17 @@ def test_rows_of_each_corpus(tiny, tok, tmp_path, monkeypatch):
   base = DataConfig(seq_len=16, rows=6, heldout_rows=2, prompts_file=str(f), answer_tokens=4,
                     temperatures=(0.0,), generate_batch=2, heldout_fraction=0.25, files=30)
   sd = dataclasses.replace(base, corpus="self-distill")
-  train, held = corpus.token_rows(sd, model, tmp_path / "c")
+  (train, train_mask), (held, _) = corpus.token_rows(sd, model, tmp_path / "c")
+  assert (train_mask == 1).all()  # learn="all"
   assert train.shape == (6, 16) and held.shape[1] == 16 and len(held) >= 1
   # Held out: the last quarter of the prompts (questions 6, 7) and of the texts (none).
   held_text = tok.decode(held.ravel().tolist())
   assert "Question 6" in held_text or "Question 7" in held_text
   assert not any(f"Question {i}:" in tok.decode(train.ravel().tolist()) for i in (6, 7))
   mixed = dataclasses.replace(base, corpus="mixed", code_fraction=0.5)
-  m_train, m_held = corpus.token_rows(mixed, model, tmp_path / "c")
-  code_train, _ = corpus.token_rows(dataclasses.replace(base, corpus="code"), model, tmp_path)
+  (m_train, _), (m_held, _) = corpus.token_rows(mixed, model, tmp_path / "c")
+  (code_train, _), _ = corpus.token_rows(dataclasses.replace(base, corpus="code"), model,
+                                         tmp_path)
   assert m_train.shape == (6, 16)
   np.testing.assert_array_equal(m_train[3:], code_train[:3])  # half the rows from code
   np.testing.assert_array_equal(m_train[:3], train[:3])
@@ -98,7 +100,7 @@ def test_rows_of_each_corpus(tiny, tok, tmp_path, monkeypatch):
   assert sorted(p.name for p in (tmp_path / "shipped").iterdir()) == ["answers_heldout",
                                                                        "answers_train"]
   monkeypatch.setattr(data, "self_distill", lambda *a, **k: pytest.fail("generated again"))
-  s_train, s_held = corpus.token_rows(shipped, model, tmp_path / "fresh")
+  (s_train, _), (s_held, _) = corpus.token_rows(shipped, model, tmp_path / "fresh")
   np.testing.assert_array_equal(s_train, train)
   np.testing.assert_array_equal(s_held, held)
   assert not (tmp_path / "fresh").exists()
@@ -107,6 +109,59 @@ def test_rows_of_each_corpus(tiny, tok, tmp_path, monkeypatch):
 def test_pack_adds_no_second_separator():
   rows = data.pack_ids([[5, 6, 0], [7, 8]], 3, sep=0)
   assert rows.ravel().tolist() == [5, 6, 0, 7, 8, 0]
+
+
+def test_pack_masks_each_documents_context():
+  # Stream 9 1 2 3 4 0 9 5 6 0: document 0's bos and first 2 tokens are context; position i is
+  # learned when token i + 1 is (the stream's end counts as learned).
+  tokens, mask = data.pack_docs([[1, 2, 3, 4], [5, 6]], 5, sep=0, bos=9, context=[2, 0])
+  assert tokens.tolist() == [[9, 1, 2, 3, 4], [0, 9, 5, 6, 0]]
+  assert mask.tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]
+  assert (data.pack_docs([[1, 2, 3, 4], [5, 6]], 5, sep=0, bos=9)[1] == 1).all()
+  for context, got in (([5, 0], "got 5 for document 0"), ([1], "got None for document 1"),
+                       ([-1, 0], "got -1 for document 0")):
+    with pytest.raises(ValueError, match=rf"context must give each document a count in \[0, "
+                                         rf"its \d tokens\], {got}"):
+      data.pack_docs([[1, 2, 3, 4], [5, 6]], 5, sep=0, context=context)
+
+
+def test_answers_only_rows_mask_the_chat_prompts(tiny, tok, tmp_path):
+  """learn="answers": the same tokens, with exactly the positions before a prompt token masked
+  out (found here by searching the stream for each chat-templated prompt)."""
+  cfg, params = tiny
+  model = LoadedModel(cfg, params, tok)
+  f = tmp_path / "p.jsonl"
+  asked = [f"Question {i}: why {i}?" for i in range(8)]
+  f.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in asked)
+               + json.dumps({"text": "x = 1\n" * 9}) + "\n")
+  base = DataConfig(corpus="mixed", code_fraction=0.25, seq_len=16, rows=8, heldout_rows=2,
+                    prompts_file=str(f), answer_tokens=4, temperatures=(0.0,), generate_batch=2,
+                    heldout_fraction=0.25, files=30)
+  every = corpus.token_rows(base, model, tmp_path / "c")
+  train, held = corpus.token_rows(dataclasses.replace(base, learn="answers"), model,
+                                  tmp_path / "c")
+  for rows, all_rows in ((train, every[0]), (held, every[1])):
+    np.testing.assert_array_equal(rows.tokens, all_rows.tokens)
+  np.testing.assert_array_equal(train.mask[-2:], 1)  # the code rows are learned whole
+  stream, learned = train.tokens[:-2].ravel().tolist(), train.mask[:-2].ravel()
+  context = np.zeros(len(stream), bool)
+  for q in asked:
+    head = tok.encode(tok.chat_prompt(q))
+    at = [i for i in range(len(stream) - len(head) + 1) if stream[i:i + len(head)] == head]
+    for i in at:
+      context[i:i + len(head)] = True
+  assert context.sum() > 0
+  # Where a whole prompt is in the stream the mask must say so; a prompt cut at the stream's end
+  # is context too (those positions lie after the last eos).
+  tail = len(stream) - 1 - stream[::-1].index(tok.eos_id)
+  expect = ~context[1:]
+  np.testing.assert_array_equal(learned[:tail], expect[:tail])
+  assert learned[:tail].min() == 0 and learned[:tail].max() == 1
+  with pytest.raises(ValueError, match="DataConfig.learn must be one of 'all', 'answers'"):
+    DataConfig(learn="prompts")
+  assert (corpus.as_rows(train.tokens).mask == 1).all()
+  with pytest.raises(ValueError, match=r"Rows.mask has shape \(8, 15\), its tokens \(8, 16\)"):
+    corpus.as_rows(corpus.Rows(train.tokens, train.mask[:, 1:]))
 
 
 def test_train_drafter_on_the_targets_own_answers(tiny, tiny_reference, tok, tmp_path):

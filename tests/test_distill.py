@@ -134,6 +134,29 @@ def test_on_policy_rows_come_from_the_drafter(setup, tmp_path):
   assert (batch["tokens"][:4, :8] == data_rows[:4, :8]).all()  # the prefix is kept
   assert not (batch["tokens"][:4, 8:] == data_rows[:4, 8:]).all()  # the rest is sampled
   assert (batch["tokens"][4:] == data_rows[4:]).all()
+  # A loss mask rides along for the data rows; the drafter's own continuations are learned whole.
+  mask = np.zeros(setup[4].shape, np.float32)
+  batch = make_batch(state, setup[2], cfg, setup[4], setup[5], Target(params, cfg_t, top_k=K), 0,
+                     mask=mask)
+  assert (batch["mask"][:4] == 1).all() and (batch["mask"][4:] == 0).all()
+  assert (mask == 0).all()  # the caller's mask is not written through
+
+
+def test_masked_positions_never_move_the_drafter(setup):
+  """Teachers that differ only where the mask is 0 train the same drafter, bit for bit."""
+  _, _, draft_cfg, draft, tokens, teacher = setup
+  mask = np.ones(tokens.shape, np.float32)
+  mask[:, 12:] = 0
+  def noisy(rows):  # other laws after position 12
+    out = teacher(rows)
+    return out | {"logprobs": np.concatenate([out["logprobs"][:, :12],
+                                              out["logprobs"][:, 12:][..., ::-1]], 1)}
+  cfg = _cfg(optim=OptimConfig(learning_rate=3e-3, warmup_steps=0, total_steps=3))
+  runs = [fit(sharded_init(draft, draft_cfg, cfg, None), draft_cfg, cfg, tokens, t, mask=mask)
+          for t in (teacher, noisy)]
+  jax.tree.map(np.testing.assert_array_equal, runs[0].params, runs[1].params)
+  unmasked = fit(sharded_init(draft, draft_cfg, cfg, None), draft_cfg, cfg, tokens, noisy)
+  assert not np.array_equal(unmasked.params["embed"], runs[0].params["embed"])
 
 
 def test_bad_training_config():

@@ -90,7 +90,7 @@ def test_saved_heads_load_and_decode_like_the_target(tiny, tiny_reference, train
   drafter, heads = registry.make("medusa", params, cfg, heads=exp.folder, tree=tree)
   assert drafter == Medusa(3, tree)
   order = heads.pop(vocab_trim.IDS)  # the target's tokens by frequency on the training rows
-  rows = token_rows(exp.data, LoadedModel(cfg, params, ByteTokenizer()), exp.folder)[0]
+  rows = token_rows(exp.data, LoadedModel(cfg, params, ByteTokenizer()), exp.folder)[0].tokens
   assert order[0] == np.bincount(np.ravel(rows)).argmax()
   jax.tree.map(np.testing.assert_array_equal, heads, result["state"].params)
   out = speculative_generate(params, cfg, PROMPTS[:4], drafter,

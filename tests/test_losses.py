@@ -277,5 +277,27 @@ def test_registry_errors(example):
     losses.get_divergence("fkl", temperature=2.0)
   with pytest.raises(ValueError, match="key"):
     losses.get_divergence("tvd++")(*args, jnp.ones((B, T)))
+  for bad in (-0.5, float("inf"), "0"):
+    with pytest.raises(ValueError, match=f"teacher_temperature must be a finite number >= 0, "
+                                         f"got {bad!r}"):
+      losses.get_divergence("lk", teacher_temperature=bad)
   with pytest.raises(ValueError, match="mask shape"):
     losses.tvd(*args, jnp.ones((B, T + 1)))
+
+
+def test_teacher_temperature_sharpens_the_teacher(example):
+  """T = 0 turns every divergence against the teacher into CE on its top token (lk and fkl
+  alike); T = 0.5 is the teacher squared and renormalized; T = 1 is the plain divergence."""
+  teacher, student = (jnp.asarray(example[k], jnp.float32) for k in ("teacher_logp",
+                                                                     "student_logits"))
+  mask = jnp.asarray(example["mask"])  # the masked position holds garbage: it must stay out
+  top = jnp.argmax(teacher, -1)
+  ce = losses.cross_entropy(top, student, mask)
+  for name in ("lk", "fkl"):
+    np.testing.assert_allclose(losses.get_divergence(name, teacher_temperature=0)(
+        teacher, student, mask), ce, rtol=1e-5)
+  squared = jax.nn.log_softmax(2 * teacher, -1)
+  np.testing.assert_allclose(losses.get_divergence("tvd", teacher_temperature=0.5)(
+      teacher, student, mask), losses.tvd(squared, student, mask), rtol=1e-6)
+  assert losses.get_divergence("tvd", teacher_temperature=1) is losses.DIVERGENCES["tvd"]
+  assert not np.isclose(losses.tvd(squared, student, mask), losses.tvd(teacher, student, mask))

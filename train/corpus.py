@@ -4,7 +4,9 @@ A drafter accepts best on text like what it will serve: the target's answers to 
 (self-distillation, DistillSpec / FastDraft's off-policy data). `answers` writes those answers
 to a folder as it goes (one JSON line per prompt, flushed per batch), so generating millions of
 tokens shows progress and resumes where it stopped; `token_rows` turns an experiment's
-DataConfig into packed (train, held-out) rows from either source or a mixture.
+DataConfig into packed (train, held-out) rows from either source or a mixture, each with a loss
+mask that, with DataConfig.learn="answers", keeps the chat-templated prompts as context only:
+serving drafts the answer, never the prompt.
 
 Prompts come from train/prompts.mixture (stdlib instructions, pydoc topics, chat questions;
 training and held-out split by subject) or from a .jsonl file of your own ({"prompt": ...} per
@@ -18,7 +20,7 @@ import hashlib
 import json
 import pathlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -30,6 +32,23 @@ from speculax.train import data, prompts as prompt_sources
 
 FORMAT = "speculax-answers-v1"
 _META, _LINES = "meta.json", "answers.jsonl"
+
+
+class Rows(NamedTuple):
+  """Packed token rows and which positions the loss and held-out metrics weigh."""
+  tokens: np.ndarray  # [n, t] int32
+  mask: np.ndarray  # [n, t] float32: 1 where the next token is learned (data.pack_docs)
+
+
+def as_rows(rows: Rows | np.ndarray) -> Rows:
+  """Rows as they are; bare token rows [n, t] with every position learned."""
+  if isinstance(rows, Rows):
+    if np.shape(rows.mask) != np.shape(rows.tokens):
+      raise ValueError(f"Rows.mask has shape {np.shape(rows.mask)}, its tokens "
+                       f"{np.shape(rows.tokens)}: one weight per token")
+    return rows
+  tokens = np.asarray(rows)
+  return Rows(tokens, np.ones(tokens.shape, np.float32))
 
 
 def answers(folder: str | pathlib.Path, params: Any, config: Any, tokenizer: Any,
@@ -135,34 +154,53 @@ def read_prompts_file(path: str | pathlib.Path) -> tuple[list[str], list[str]]:
 
 
 def token_rows(cfg: Any, model: Any, folder: str | pathlib.Path,
-               fingerprint: str = "") -> tuple[np.ndarray, np.ndarray]:
-  """(train, held-out) rows [n, seq_len] for an experiment's DataConfig.
+               fingerprint: str = "") -> tuple[Rows, Rows]:
+  """(train, held-out) rows [n, seq_len] and their loss masks for an experiment's DataConfig.
 
   corpus "code": stdlib files split by path. "self-distill": the target's answers to the
   training prompts (held out: answers to the held-out split's prompts, or, with a prompts file,
   its last heldout_fraction of lines). "mixed": code_fraction of the rows from code, the rest
   self-distilled. Answers are cached under (cfg.answers_dir or folder)/answers_<split>.
+  cfg.learn "all" learns every position; "answers" masks out the chat-templated prompts (code
+  and text lines stay learned whole).
   """
   tok = model.tokenizer
   if cfg.corpus == "code":
-    return (_code_rows(cfg, tok, "train", cfg.rows),
-            _code_rows(cfg, tok, "heldout", cfg.heldout_rows))
+    return (as_rows(_code_rows(cfg, tok, "train", cfg.rows)),
+            as_rows(_code_rows(cfg, tok, "heldout", cfg.heldout_rows)))
   n_code = round(cfg.rows * cfg.code_fraction) if cfg.corpus == "mixed" else 0
   rows = []
   for split, want in (("train", cfg.rows - n_code), ("heldout", cfg.heldout_rows)):
     asked, texts = split_prompts(cfg, split)
     docs = [tok.encode(t) for t in texts]
+    context = [0] * len(docs)
     if asked:
-      docs += answers(pathlib.Path(cfg.answers_dir or folder) / f"answers_{split}", model.params,
-                      model.config, tok, asked, max_new_tokens=cfg.answer_tokens,
-                      temperatures=cfg.temperatures, batch_size=cfg.generate_batch,
-                      fingerprint=fingerprint)
+      answered = answers(pathlib.Path(cfg.answers_dir or folder) / f"answers_{split}",
+                         model.params, model.config, tok, asked,
+                         max_new_tokens=cfg.answer_tokens, temperatures=cfg.temperatures,
+                         batch_size=cfg.generate_batch, fingerprint=fingerprint)
+      docs += answered
+      context += (prompt_lengths(tok, asked, answered) if cfg.learn == "answers"
+                  else [0] * len(asked))
     order = np.random.default_rng(0).permutation(len(docs))  # sources interleave in the rows
-    rows.append(data.pack_ids([docs[i] for i in order], cfg.seq_len, sep=tok.eos_id,
-                              max_rows=want))
+    rows.append(Rows(*data.pack_docs([docs[i] for i in order], cfg.seq_len, sep=tok.eos_id,
+                                     max_rows=want, context=[context[i] for i in order])))
   if n_code:
-    rows[0] = np.concatenate([rows[0], _code_rows(cfg, tok, "train", n_code)])
+    code = _code_rows(cfg, tok, "train", n_code)
+    rows[0] = Rows(np.concatenate([rows[0].tokens, code]),
+                   np.concatenate([rows[0].mask, np.ones(code.shape, np.float32)]))
   return rows[0], rows[1]
+
+
+def prompt_lengths(tok: Any, prompts: Sequence[str], docs: Sequence[Sequence[int]]) -> list[int]:
+  """Tokens of each doc (answers' output: chat-templated prompt + answer) that are its prompt."""
+  out = []
+  for i, (prompt, doc) in enumerate(zip(prompts, docs, strict=True)):
+    head = tok.encode(tok.chat_prompt(prompt))
+    if list(doc[:len(head)]) != head:
+      raise ValueError(f"answer {i} does not start with its chat prompt {prompt[:60]!r}")
+    out.append(len(head))
+  return out
 
 
 def _code_rows(cfg: Any, tok: Any, split: str, rows: int) -> np.ndarray:  # [rows, seq_len]

@@ -114,25 +114,50 @@ def pack_ids(docs: Iterable[Sequence[int]], seq_len: int, *, sep: int, bos: int 
   does not fill a row is dropped. `bos` is not added again when a document already starts with
   it, nor `sep` when it already ends with it.
   """
+  return pack_docs(docs, seq_len, sep=sep, bos=bos, max_rows=max_rows)[0]
+
+
+def pack_docs(docs: Iterable[Sequence[int]], seq_len: int, *, sep: int, bos: int | None = None,
+              max_rows: int | None = None,
+              context: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """`pack_ids`'s rows [n, seq_len] int32 and their loss mask [n, seq_len] float32.
+
+  mask[r, i] is 1 when the token after position i is one to learn, 0 when it is context only:
+  the first context[d] tokens of document d (a chat-templated prompt before the target's answer;
+  with the bos added before them) are context, every other token and separator is learned.
+  Position i carries the law of token i + 1 (the teacher cache's alignment), hence the shift.
+  """
   if seq_len < 2:
     raise ValueError(f"seq_len must be >= 2 (an input and a next-token target), got {seq_len}")
   if max_rows is not None:
     _positive(max_rows, "max_rows")
   want = None if max_rows is None else max_rows * seq_len
+  skips = iter(context) if context is not None else None
   stream: list[int] = []
-  for doc in docs:
+  learned: list[bool] = []  # per stream token: learned (True) or context only
+  for d, doc in enumerate(docs):
     doc = list(doc)
+    skip = 0 if skips is None else next(skips, None)
+    if skip is None or not 0 <= skip <= len(doc):
+      raise ValueError(f"context must give each document a count in [0, its {len(doc)} tokens], "
+                       f"got {skip} for document {d}")
     if bos is not None and doc[:1] != [bos]:
       stream.append(bos)
+      learned.append(skip == 0)
     stream += doc
+    learned += [i >= skip for i in range(len(doc))]
     if doc[-1:] != [sep]:  # a self-distilled answer may already end with it
       stream.append(sep)
+      learned.append(True)
     if want is not None and len(stream) >= want:
       break
   n = len(stream) // seq_len if want is None else min(len(stream), want) // seq_len
   if n == 0:
     raise ValueError(f"only {len(stream)} tokens of text, fewer than one row of seq_len={seq_len}")
-  return np.asarray(stream[:n * seq_len], np.int32).reshape(n, seq_len)
+  size = n * seq_len
+  after = learned[1:size + 1] + [True] * (size + 1 - len(learned))  # the stream's end: learned
+  return (np.asarray(stream[:size], np.int32).reshape(n, seq_len),
+          np.asarray(after, np.float32).reshape(n, seq_len))
 
 
 def pack_sequences(tokenizer: Any, texts: Iterable[str], seq_len: int, *, bos: int | None = None,

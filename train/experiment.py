@@ -58,6 +58,10 @@ class DataConfig(Checked):
   temperatures: tuple[float, ...] = field((0.0, 1.0), ge=0)  # prompt i: temperatures[i % len]
   generate_batch: int = field(32, ge=1)
   code_fraction: float = field(0.25, ge=0, le=1)  # "mixed": share of training rows from code
+  # Positions the loss and held-out metrics weigh: "all", or "answers": every one but those
+  # whose next token is in a chat-templated prompt (serving drafts answers only; code and text
+  # lines stay whole).
+  learn: Literal["all", "answers"] = "all"
   # Where the answers are cached (default: the teacher caches' folder). A committed folder ships
   # the corpus: a fresh clone then generates only the answers it lacks.
   answers_dir: str | None = None
@@ -145,17 +149,21 @@ def warm_start(folder: str, cls: type, like: dict, target: LlamaConfig) -> dict:
 
 
 def heldout_metrics(params, config: LlamaConfig, cfg, cache, frozen=None,
-                    batch_size: int = 8, mesh: MeshConfig | None = None) -> dict[str, float]:
+                    batch_size: int = 8, mesh: MeshConfig | None = None,
+                    mask: np.ndarray | None = None) -> dict[str, float]:
   """Every objective metric, averaged over the held-out rows' batches. "acceptance" is the mean
-  1 - TV(p, q), the expected per-token acceptance; head drafters add per-depth metrics. With a
-  mesh every process reads each batch whole, and it is replicated over the mesh."""
+  1 - TV(p, q), the expected per-token acceptance; head drafters add per-depth metrics. mask
+  [n, t]: the positions weighed (default all). With a mesh every process reads each batch
+  whole, and it is replicated over the mesh."""
   batch_size = min(batch_size, cache.n)
   m = None if mesh is None else make_mesh(mesh)
   place = jnp.asarray if m is None else (lambda v: replicate_rest(v, m))
   parts = []
   for lo in range(0, cache.n - batch_size + 1, batch_size):
-    b = cache.batch(np.arange(lo, lo + batch_size))
-    b = {k: place(v) for k, v in (b | {"mask": np.ones(b["tokens"].shape, np.float32)}).items()}
+    rows = np.arange(lo, lo + batch_size)
+    b = cache.batch(rows)
+    b["mask"] = np.ones(b["tokens"].shape, np.float32) if mask is None else mask[rows]
+    b = {k: place(v) for k, v in b.items()}
     parts.append(eval_metrics(params, config, cfg, b, frozen))
   return {k: float(np.mean([m[k] for m in parts])) for k in parts[0]}
 
@@ -172,8 +180,9 @@ def run(exp: DistillExperiment, *, until: int | None = None,
   and for a finished head-drafter run the folder it saved the drafter in ("heads").
 
   model: the loaded target (default: load(exp.target)).
-  rows: (train, held-out) token rows [n, seq_len] of a corpus of your own (default: the rows
-  exp.data describes, train/corpus.py).
+  rows: (train, held-out) token rows [n, seq_len] of a corpus of your own, as arrays (every
+  position learned) or corpus.Rows with a loss mask (default: the rows exp.data describes,
+  train/corpus.py).
   """
   heads = isinstance(exp.distill, HeadsConfig)
   model = load(exp.target) if model is None else model
@@ -185,7 +194,8 @@ def run(exp: DistillExperiment, *, until: int | None = None,
     rows = primary_first(
         lambda: corpus.token_rows(exp.data, model, caches, params_fingerprint(model.params)),
         "corpus")
-  train_tokens, held_tokens = rows
+  train, held_rows = map(corpus.as_rows, rows)
+  train_tokens, held_tokens = train.tokens, held_rows.tokens
   order = vocab_trim.frequency_order(train_tokens, model.config.vocab_size)
   s = student(exp, model, order)
 
@@ -199,7 +209,7 @@ def run(exp: DistillExperiment, *, until: int | None = None,
   state = sharded_init(s.params, s.config, exp.distill, exp.mesh)
   frozen = None if s.frozen is None else place_frozen(s.frozen, model.config, exp.mesh)
   evaluate = lambda st: heldout_metrics(st.params, s.config, exp.distill, held, frozen,
-                                        mesh=exp.mesh)
+                                        mesh=exp.mesh, mask=held_rows.mask)
   before = evaluate(state)
   with Checkpointer(folder / "checkpoints", every=exp.checkpoint_every, keep=exp.keep) as ck:
     if ck.latest_step() is not None:
@@ -207,7 +217,8 @@ def run(exp: DistillExperiment, *, until: int | None = None,
     log = MetricsLog(folder / "metrics.csv")
     on_policy = not heads and exp.distill.on_policy_fraction
     target = Target(model.params, model.config, exp.data.top_k) if on_policy else None
-    state = fit(state, s.config, exp.distill, train_tokens, teacher.batch, frozen=frozen,
+    state = fit(state, s.config, exp.distill, train_tokens, teacher.batch, mask=train.mask,
+                frozen=frozen,
                 target=target, checkpointer=ck, log=log,
                 evaluate=lambda st: {f"heldout/{k}": v for k, v in evaluate(st).items()},
                 eval_every=exp.eval_every, log_every=exp.log_every, mesh=exp.mesh, until=until)

@@ -85,11 +85,15 @@ def on_policy_rows(state: TrainState, config: LlamaConfig, cfg: DistillConfig, t
 
 
 def make_batch(state, config, cfg: DistillConfig, tokens: np.ndarray, teacher: Teacher,
-               target: Target | None, step: int, part: slice = slice(None)) -> dict:
+               target: Target | None, step: int, part: slice = slice(None),
+               mask: np.ndarray | None = None) -> dict:
   """The rows `part` of step's batch (all of them by default; one process's share in a
-  multi-process run, which reads only those rows of the data and the teacher cache)."""
+  multi-process run, which reads only those rows of the data and the teacher cache). mask
+  [n, t]: the positions the loss weighs (default all; on-policy rows are learned whole)."""
   rows = batch_rows(len(tokens), cfg.batch_size, step, seed=cfg.seed)[part]
-  batch = {"tokens": tokens[rows], **teacher(rows)}
+  batch = {"tokens": tokens[rows], **teacher(rows),
+           "mask": np.ones((len(rows), tokens.shape[1]), np.float32) if mask is None
+           else np.array(mask[rows], np.float32)}
   # Head drafters train off-policy only: their HeadsConfig has no on_policy_fraction.
   n_on = int(round(getattr(cfg, "on_policy_fraction", 0.0) * cfg.batch_size))
   if n_on:
@@ -100,7 +104,7 @@ def make_batch(state, config, cfg: DistillConfig, tokens: np.ndarray, teacher: T
     for name, value in fresh.items():
       k = batch[name].shape[-1] if name != "tokens" else None
       batch[name][:n_on] = value if k is None else value[..., :k]
-  batch["mask"] = np.ones(batch["tokens"].shape, np.float32)
+    batch["mask"][:n_on] = 1.0  # the drafter's own continuation: all of it is learned
   return batch
 
 
@@ -118,7 +122,7 @@ def check_processes(cfg, mesh: MeshConfig | None) -> None:
 
 
 def fit(state: TrainState, config: LlamaConfig, cfg, tokens: np.ndarray, teacher: Teacher, *,
-        frozen=None, target: Target | None = None, checkpointer=None, log=None,
+        mask: np.ndarray | None = None, frozen=None, target: Target | None = None, checkpointer=None, log=None,
         evaluate: Callable[[TrainState], dict] | None = None, eval_every: int = 0,
         log_every: int = 10, mesh: MeshConfig | None = None,
         until: int | None = None) -> TrainState:
@@ -126,8 +130,9 @@ def fit(state: TrainState, config: LlamaConfig, cfg, tokens: np.ndarray, teacher
   interrupted run would); the batch of a step depends only on the step, so a resumed run
   continues exactly where the saved one was.
 
-  cfg: DistillConfig or HeadsConfig; frozen: what the objective reads but never trains (a head
-  drafter's target params), passed to train_step as is.
+  cfg: DistillConfig or HeadsConfig; mask [n, t]: the positions of `tokens` the loss weighs
+  (default all); frozen: what the objective reads but never trains (a head drafter's target
+  params), passed to train_step as is.
   """
   check_processes(cfg, mesh)
   if mesh is not None:
@@ -147,7 +152,7 @@ def fit(state: TrainState, config: LlamaConfig, cfg, tokens: np.ndarray, teacher
              disable=None if distributed.is_primary() else True, desc=f"distill {cfg.divergence}")
   t0 = time.perf_counter()
   for step in bar:
-    batch = make_batch(state, config, cfg, tokens, teacher, target, step, part)
+    batch = make_batch(state, config, cfg, tokens, teacher, target, step, part, mask)
     batch = {k: place(k, v) for k, v in batch.items()}
     state, metrics = train_step(state, batch, config, cfg, frozen)
     done = step + 1

@@ -19,8 +19,8 @@ Registry calling convention (`DIVERGENCES`, `get_divergence`):
 teacher_logp are normalized log-probs (`teacher_logprobs_from_logits` for full logits,
 `teacher_logprobs_from_topk` for a cached top-k); student_logits are raw logits. Only "tvd++"
 uses `key` (it samples from the student) and raises without one. Per-divergence options
-(jsd's beta; tvd++'s n_samples, normalize; lk's kl_weight) are bound with
-`get_divergence(name, **options)`.
+(jsd's beta; tvd++'s n_samples, normalize; lk's kl_weight; every one's teacher_temperature) are
+bound with `get_divergence(name, **options)`.
 `cross_entropy` is not in the registry: it needs target tokens, not a teacher distribution.
 
 Zero probabilities: a teacher log-prob of -inf is clamped to LOG_FLOOR = log(float32 tiny)
@@ -344,13 +344,34 @@ def _options_of(fn: Callable) -> set[str]:
   return {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY} - {"key"}
 
 
+def sharpened(teacher_logp: jax.Array, temperature: float) -> jax.Array:
+  """The teacher's law at a temperature, renormalized over its ids [..., v]: T < 1 sharpens it
+  towards its top token, T = 0 is one-hot there (log-probs 0 and -inf): the one token a greedy
+  verifier keeps, so a divergence against it trains greedy acceptance (top-1 agreement)."""
+  if temperature == 0:
+    top = jnp.argmax(teacher_logp, axis=-1)[..., None]  # [..., 1]
+    return jnp.where(jnp.arange(teacher_logp.shape[-1]) == top, 0.0, -jnp.inf)
+  return jax.nn.log_softmax(teacher_logp / temperature, axis=-1)
+
+
 def get_divergence(name: str, **options) -> Callable[..., jax.Array]:
-  """Registry lookup; options (e.g. beta=0.1 for jsd) are bound and checked by name."""
+  """Registry lookup; options (e.g. beta=0.1 for jsd) are bound and checked by name.
+
+  Every divergence also takes teacher_temperature (default 1): the teacher's law is
+  `sharpened` to it first, so a drafter for greedy decoding can train on what greedy keeps.
+  The metrics that report acceptance keep the teacher's own law.
+  """
   if name not in DIVERGENCES:
     raise ValueError(f"unknown divergence {name!r}; known: {', '.join(sorted(DIVERGENCES))}")
   fn = DIVERGENCES[name]
+  temperature = options.pop("teacher_temperature", 1.0)
   unknown = set(options) - _options_of(fn)
   if unknown:
     raise ValueError(f"divergence {name!r} has no option(s) {sorted(unknown)}; "
-                     f"it accepts {sorted(_options_of(fn)) or 'none'}")
-  return functools.partial(fn, **options) if options else fn
+                     f"it accepts {sorted(_options_of(fn) | {'teacher_temperature'})}")
+  fn = functools.partial(fn, **options) if options else fn
+  if not (isinstance(temperature, (int, float)) and 0 <= temperature < math.inf):
+    raise ValueError(f"teacher_temperature must be a finite number >= 0, got {temperature!r}")
+  if temperature == 1:
+    return fn
+  return lambda teacher_logp, *args, **kw: fn(sharpened(teacher_logp, temperature), *args, **kw)
