@@ -14,6 +14,9 @@ generate --drafter <kind> --heads results/drafters/<name>-smollm2` loads on a fr
   # loss and held-out metrics on the answers only (the prompts as context):
   .venv/bin/python -m speculax.research.train_drafters --drafters eagle_ttt --learn answers \
       --tag answers
+  # no training: a drafter folder's held-out figures, here on the answers only
+  .venv/bin/python -m speculax.research.train_drafters --drafters eagle_ttt --learn answers \
+      --evaluate results/drafters/eagle-ttt-smollm2
 """
 from __future__ import annotations
 
@@ -66,6 +69,44 @@ def _depths(metrics: dict) -> list[str]:
           for j in depths]
 
 
+def _train(name: str, exp, model, ship: bool) -> dict:
+  """Runs (or resumes) one experiment; its results row, with the shipped copy's folder."""
+  cost = exp.folder / "train_seconds.json"  # summed over resumed runs
+  spent = json.loads(cost.read_text()) if cost.is_file() else {"seconds": 0.0, "steps": 0}
+  t = time.perf_counter()
+  result = run(exp, model=model)
+  if result["steps"] != spent["steps"]:
+    spent = {"seconds": spent["seconds"] + time.perf_counter() - t, "steps": result["steps"]}
+    cost.parent.mkdir(parents=True, exist_ok=True)
+    cost.write_text(json.dumps(spent))
+  row = dict(drafter=name, divergence=exp.distill.divergence,
+             options=dict(exp.distill.divergence_options), updates=result["steps"],
+             train_s=spent["seconds"], rows=exp.data.rows, seq_len=exp.data.seq_len,
+             batch=exp.distill.batch_size, lr=exp.distill.optim.learning_rate,
+             learn=exp.data.learn,
+             vocab_trim=getattr(getattr(exp.distill, "drafter", None), "vocab_trim", 0),
+             before=result["heldout_before"], after=result["heldout_after"])
+  if ship and result["drafter"]:
+    drafter, params = registry.load(result["drafter"], model)
+    order = params.pop(vocab_trim.IDS)
+    row["shipped"] = str(heads_io.save_drafter(
+        SHIPPED / f"{exp.name}", drafter, params, exp.target, model.config, result["steps"],
+        vocab_ids=order, dtype="bfloat16").parent)
+  print(f"{exp.name}: held-out 1 - TV {_depths(result['heldout_before'])[:1]} -> "
+        f"{_depths(result['heldout_after'])} in {spent['seconds']:.0f} s ({result['steps']} "
+        "updates)", flush=True)
+  return row
+
+
+def _evaluate(exp, folder: str, model) -> dict:
+  """Held-out metrics of the drafter in `folder`, no update (its run folder: runs/<name>-eval)."""
+  exp = dataclasses.replace(exp, name=f"{exp.name}-eval", init_from=folder)
+  metrics = run(exp, model=model, until=0)["heldout_before"]
+  print(f"{folder} on {exp.data.learn} positions: {_depths(metrics)}", flush=True)
+  return dict(drafter=exp.name, evaluated=folder, learn=exp.data.learn, divergence="-",
+              options={}, updates=0, train_s=0.0, before={}, after=metrics)
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,6 +118,9 @@ def main():
                   help="a divergence option, e.g. --option kl_weight 0.1")
   ap.add_argument("--learn", choices=("all", "answers"), default=None,
                   help="positions the loss and held-out metrics weigh (default: the experiment's)")
+  ap.add_argument("--evaluate", default=None, metavar="FOLDER",
+                  help="train nothing: the held-out figures of this drafter (a finished run or a "
+                       "shipped drafter of the --drafters kind) under the experiment's data")
   ap.add_argument("--tag", default="", help="suffix of the run folders (runs/<name>-<tag>)")
   ap.add_argument("--ship", action="store_true",
                   help=f"copy finished drafters to {SHIPPED}/<name>-smollm2 in bfloat16")
@@ -92,34 +136,14 @@ def main():
   model = load("smollm2-135m")
   for name in names:
     exp = _experiment(name, args)
-    cost = exp.folder / "train_seconds.json"  # summed over resumed runs
-    spent = json.loads(cost.read_text()) if cost.is_file() else {"seconds": 0.0, "steps": 0}
-    t = time.perf_counter()
-    result = run(exp, model=model)
-    if result["steps"] != spent["steps"]:
-      spent = {"seconds": spent["seconds"] + time.perf_counter() - t, "steps": result["steps"]}
-      cost.parent.mkdir(parents=True, exist_ok=True)
-      cost.write_text(json.dumps(spent))
-    row = dict(drafter=name, divergence=exp.distill.divergence,
-               options=dict(exp.distill.divergence_options), updates=result["steps"],
-               train_s=spent["seconds"], rows=exp.data.rows, seq_len=exp.data.seq_len,
-               batch=exp.distill.batch_size, lr=exp.distill.optim.learning_rate,
-               learn=exp.data.learn,
-               vocab_trim=getattr(getattr(exp.distill, "drafter", None), "vocab_trim", 0),
-               before=result["heldout_before"], after=result["heldout_after"])
-    if args.ship and result["drafter"]:
-      drafter, params = registry.load(result["drafter"], model)
-      order = params.pop(vocab_trim.IDS)
-      row["shipped"] = str(heads_io.save_drafter(
-          SHIPPED / f"{exp.name}", drafter, params, exp.target, model.config, result["steps"],
-          vocab_ids=order, dtype="bfloat16").parent)
-    found["runs"][exp.name] = row
+    if args.evaluate:
+      key, row = f"{args.evaluate} ({exp.data.learn})", _evaluate(exp, args.evaluate, model)
+    else:
+      key, row = exp.name, _train(name, exp, model, args.ship)
+    found["runs"][key] = row
     found["machine"] = machine()
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(found, indent=1))
-    print(f"{exp.name}: held-out 1 - TV {_depths(result['heldout_before'])[:1]} -> "
-          f"{_depths(result['heldout_after'])} in {spent['seconds']:.0f} s ({result['steps']} "
-          "updates)", flush=True)
   runs = found["runs"]
   depth = max(len(_depths(r["after"])) for r in runs.values())
   print(f"\nHeld-out 1 - TV (top-1 agreement) per draft depth; {found['machine']}\n")
