@@ -14,6 +14,8 @@ generate --drafter <kind> --heads results/drafters/<name>-smollm2` loads on a fr
   # loss and held-out metrics on the answers only (the prompts as context):
   .venv/bin/python -m speculax.research.train_drafters --drafters eagle_ttt --learn answers \
       --tag answers
+  # no training: answer 2400 training prompts (the recipe uses 1200), resumable
+  .venv/bin/python -m speculax.research.train_drafters --prompts 2400 --corpus-only
   # no training: a drafter folder's held-out figures, here on the answers only
   .venv/bin/python -m speculax.research.train_drafters --drafters eagle_ttt --learn answers \
       --evaluate results/drafters/eagle-ttt-smollm2
@@ -33,7 +35,9 @@ from speculax.cli.train import load_experiment
 from speculax.drafters import heads_io, registry, vocab_trim
 from speculax.models.load import load
 from speculax.research.common import OUT
+from speculax.train import corpus
 from speculax.train.experiment import run
+from speculax.train.teacher_cache import params_fingerprint
 
 RESULTS = OUT / "train_drafters.json"
 SHIPPED = pathlib.Path("results/drafters")
@@ -49,8 +53,9 @@ def _experiment(name: str, args):
                                                            for k, v in args.option))
   if args.steps:
     distill = dataclasses.replace(distill, optim=distill.optim.with_total_steps(args.steps))
-  if args.learn:
-    exp = dataclasses.replace(exp, data=dataclasses.replace(exp.data, learn=args.learn))
+  for name, value in (("learn", args.learn), ("prompts", args.prompts)):
+    if value:
+      exp = dataclasses.replace(exp, data=dataclasses.replace(exp.data, **{name: value}))
   if args.lr:
     distill = dataclasses.replace(distill, optim=dataclasses.replace(distill.optim,
                                                                      learning_rate=args.lr))
@@ -118,6 +123,10 @@ def main():
                   help="a divergence option, e.g. --option kl_weight 0.1")
   ap.add_argument("--learn", choices=("all", "answers"), default=None,
                   help="positions the loss and held-out metrics weigh (default: the experiment's)")
+  ap.add_argument("--prompts", type=int, default=0,
+                  help="training prompts answered (0: the experiment's)")
+  ap.add_argument("--corpus-only", action="store_true",
+                  help="train nothing: generate the target's missing answers (resumable) and stop")
   ap.add_argument("--evaluate", default=None, metavar="FOLDER",
                   help="train nothing: the held-out figures of this drafter (a finished run or a "
                        "shipped drafter of the --drafters kind) under the experiment's data")
@@ -127,15 +136,23 @@ def main():
   ap.add_argument("--results", default=str(RESULTS),
                   help="JSON of the runs, extended run by run (results/train_drafters.json holds "
                        "the README's)")
+  ap.add_argument("--report", action="store_true", help="print --results' table and stop")
   args = ap.parse_args()
   names = args.drafters.split(",")
   if unknown := set(names) - set(DRAFTERS):
     ap.error(f"unknown --drafters {sorted(unknown)}; known: {', '.join(DRAFTERS)}")
   results = pathlib.Path(args.results)
   found = json.loads(results.read_text()) if results.is_file() else {"runs": {}}
+  if args.report:
+    return report(found)
   model = load("smollm2-135m")
   for name in names:
     exp = _experiment(name, args)
+    if args.corpus_only:
+      corpus.token_rows(exp.data, model, exp.teacher_dir or exp.folder,
+                        params_fingerprint(model.params))
+      print(f"{exp.data.prompts} prompts answered in {exp.data.answers_dir}", flush=True)
+      return
     if args.evaluate:
       key, row = f"{args.evaluate} ({exp.data.learn})", _evaluate(exp, args.evaluate, model)
     else:
@@ -144,16 +161,21 @@ def main():
     found["machine"] = machine()
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(found, indent=1))
+  report(found)
+
+
+def report(found: dict) -> None:
+  """The results file's table: held-out figures per depth, each run's positions and objective."""
   runs = found["runs"]
   depth = max(len(_depths(r["after"])) for r in runs.values())
   print(f"\nHeld-out 1 - TV (top-1 agreement) per draft depth; {found['machine']}\n")
-  print(table(["run", "objective", "updates (s)", "before: depth 1"]
+  print(table(["run", "positions", "objective", "updates (s)", "before: depth 1"]
               + [f"depth {j}" for j in range(1, depth + 1)],
-              [[n, r["divergence"] + "".join(f" {k}={v}" for k, v in r["options"].items()),
+              [[n, r.get("learn", "all"),
+                r["divergence"] + "".join(f" {k}={v}" for k, v in r["options"].items()),
                 f"{r['updates']} ({r['train_s']:.0f})", (_depths(r["before"]) or ["-"])[0]]
                + _depths(r["after"]) + ["-"] * (depth - len(_depths(r["after"])))
                for n, r in runs.items()]))
-
 
 if __name__ == "__main__":
   main()
