@@ -53,9 +53,9 @@ def _experiment(name: str, args):
                                                            for k, v in args.option))
   if args.steps:
     distill = dataclasses.replace(distill, optim=distill.optim.with_total_steps(args.steps))
-  for name, value in (("learn", args.learn), ("prompts", args.prompts)):
+  for data_field, value in (("learn", args.learn), ("prompts", args.prompts)):
     if value:
-      exp = dataclasses.replace(exp, data=dataclasses.replace(exp.data, **{name: value}))
+      exp = dataclasses.replace(exp, data=dataclasses.replace(exp.data, **{data_field: value}))
   if args.lr:
     distill = dataclasses.replace(distill, optim=dataclasses.replace(distill.optim,
                                                                      learning_rate=args.lr))
@@ -149,9 +149,9 @@ def main():
   for name in names:
     exp = _experiment(name, args)
     if args.corpus_only:
-      corpus.token_rows(exp.data, model, exp.teacher_dir or exp.folder,
-                        params_fingerprint(model.params))
-      print(f"{exp.data.prompts} prompts answered in {exp.data.answers_dir}", flush=True)
+      folder = exp.teacher_dir or exp.folder
+      corpus.token_rows(exp.data, model, folder, params_fingerprint(model.params))
+      print(f"{exp.data.prompts} prompts answered in {exp.data.answers_dir or folder}", flush=True)
       return
     if args.evaluate:
       key, row = f"{args.evaluate} ({exp.data.learn})", _evaluate(exp, args.evaluate, model)
