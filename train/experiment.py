@@ -194,9 +194,8 @@ def run(exp: DistillExperiment, *, until: int | None = None,
     rows = primary_first(
         lambda: corpus.token_rows(exp.data, model, caches, params_fingerprint(model.params)),
         "corpus")
-  train, held_rows = map(corpus.as_rows, rows)
-  train_tokens, held_tokens = train.tokens, held_rows.tokens
-  order = vocab_trim.frequency_order(train_tokens, model.config.vocab_size)
+  train_rows, held_rows = map(corpus.as_rows, rows)
+  order = vocab_trim.frequency_order(train_rows.tokens, model.config.vocab_size)
   s = student(exp, model, order)
 
   def teacher_cache(split: str, tokens: np.ndarray):  # or a finished one of the split's others
@@ -205,7 +204,8 @@ def run(exp: DistillExperiment, *, until: int | None = None,
         top_k=exp.data.top_k, hidden_layers=s.hidden_layers,
         reuse=sorted(caches.glob(cache_name(split, ()) + "*"))), f"teacher cache {split}")
 
-  teacher, held = teacher_cache("train", train_tokens), teacher_cache("heldout", held_tokens)
+  teacher = teacher_cache("train", train_rows.tokens)
+  held = teacher_cache("heldout", held_rows.tokens)
   state = sharded_init(s.params, s.config, exp.distill, exp.mesh)
   frozen = None if s.frozen is None else place_frozen(s.frozen, model.config, exp.mesh)
   evaluate = lambda st: heldout_metrics(st.params, s.config, exp.distill, held, frozen,
@@ -217,12 +217,11 @@ def run(exp: DistillExperiment, *, until: int | None = None,
     log = MetricsLog(folder / "metrics.csv")
     on_policy = not heads and exp.distill.on_policy_fraction
     target = Target(model.params, model.config, exp.data.top_k) if on_policy else None
-    state = fit(state, s.config, exp.distill, train_tokens, teacher.batch, mask=train.mask,
-                frozen=frozen,
-                target=target, checkpointer=ck, log=log,
+    state = fit(state, s.config, exp.distill, train_rows.tokens, teacher.batch,
+                mask=train_rows.mask, frozen=frozen, target=target, checkpointer=ck, log=log,
                 evaluate=lambda st: {f"heldout/{k}": v for k, v in evaluate(st).items()},
                 eval_every=exp.eval_every, log_every=exp.log_every, mesh=exp.mesh, until=until)
-  after = evaluate(state)
+  after = before if int(state.step) == 0 else evaluate(state)  # until=0: nothing moved
   saved = int(state.step) >= exp.distill.steps  # a finished run's drafter only
   if saved:
     drafter = exp.distill.drafter if heads else DraftModel(s.config)

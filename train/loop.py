@@ -122,7 +122,8 @@ def check_processes(cfg, mesh: MeshConfig | None) -> None:
 
 
 def fit(state: TrainState, config: LlamaConfig, cfg, tokens: np.ndarray, teacher: Teacher, *,
-        mask: np.ndarray | None = None, frozen=None, target: Target | None = None, checkpointer=None, log=None,
+        mask: np.ndarray | None = None, frozen=None, target: Target | None = None,
+        checkpointer=None, log=None,
         evaluate: Callable[[TrainState], dict] | None = None, eval_every: int = 0,
         log_every: int = 10, mesh: MeshConfig | None = None,
         until: int | None = None) -> TrainState:
