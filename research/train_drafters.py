@@ -53,7 +53,8 @@ def _experiment(name: str, args):
                                                            for k, v in args.option))
   if args.steps:
     distill = dataclasses.replace(distill, optim=distill.optim.with_total_steps(args.steps))
-  for data_field, value in (("learn", args.learn), ("prompts", args.prompts)):
+  for data_field, value in (("learn", args.learn), ("prompts", args.prompts),
+                            ("rows", args.rows)):
     if value:
       exp = dataclasses.replace(exp, data=dataclasses.replace(exp.data, **{data_field: value}))
   if args.lr:
@@ -125,6 +126,8 @@ def main():
                   help="positions the loss and held-out metrics weigh (default: the experiment's)")
   ap.add_argument("--prompts", type=int, default=0,
                   help="training prompts answered (0: the experiment's)")
+  ap.add_argument("--rows", type=int, default=0,
+                  help="training rows of the corpus (0: the experiment's); more prompts give more")
   ap.add_argument("--corpus-only", action="store_true",
                   help="train nothing: generate the target's missing answers (resumable) and stop")
   ap.add_argument("--evaluate", default=None, metavar="FOLDER",

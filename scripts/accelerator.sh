@@ -9,8 +9,8 @@
 #   status      the calls that carry the other shards: the background run's last lines
 #   finish ...  last call (carries the last shard): waits for the background run (at most
 #               WAIT_S, default 120 s, then stops it: its rows so far are kept), runs the drafters
-#               section on the real weights in .gpu/smollm2 (extra arguments go to the suite),
-#               and copies the JSONs, plots, logs and gpu.txt to $OUT
+#               section on the real weights in .gpu/smollm2 (arguments, if any, replace its
+#               default rows and settings) and copies the JSONs, plots, logs and gpu.txt to $OUT
 # python3 -P: the repository root must not shadow the installed package (its speculax/ folder
 # holds only api.py and __init__.py; the rest is mapped by pyproject's package-dir).
 set -euo pipefail
@@ -44,13 +44,15 @@ case "${1:-}" in
     out="${OUT:-results/accelerator}"
     mkdir -p "$out"
     cp "$bg"/*.json "$bg"/*.png "$bg"/*.log "$bg/gpu.txt" "$out"/ 2>/dev/null || true
-    "${suite[@]}" --model .gpu/smollm2 --sections drafters \
-      --drafter-method "prompt lookup" --drafter-method "layer skip" \
-      --drafter-method "eagle k=1" --drafter-method "eagle k=4" \
-      --drafter-method "eagle tree (9 nodes)" --drafter-method "eagle-ttt k=4" \
-      --drafter-method "eagle-ttt tree (9 nodes)" \
-      --drafter-set "batch_sizes=(1,8)" --drafter-set "temperatures=(0.0,)" \
-      --results "$out/accelerator_drafters.json" "$@" 2>&1 | tee "$out/accelerator_drafters.log";;
+    picked=("$@")
+    [ ${#picked[@]} -gt 0 ] || picked=(
+      --drafter-method "prompt lookup" --drafter-method "layer skip"
+      --drafter-method "eagle k=1" --drafter-method "eagle k=4"
+      --drafter-method "eagle tree (9 nodes)" --drafter-method "eagle-ttt k=4"
+      --drafter-method "eagle-ttt tree (9 nodes)"
+      --drafter-set "batch_sizes=(1,8)" --drafter-set "temperatures=(0.0,)")
+    "${suite[@]}" --model .gpu/smollm2 --sections drafters "${picked[@]}" \
+      --results "$out/accelerator_drafters.json" 2>&1 | tee "$out/accelerator_drafters.log";;
   *)
     echo "usage: bash scripts/accelerator.sh start|status|finish [suite arguments]" >&2
     exit 2;;
