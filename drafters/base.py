@@ -137,6 +137,12 @@ class Drafter(Checked, abc.ABC):
     """Initial trainable params for a target of `config`."""
     raise NotImplementedError(f"{type(self).__name__} has no trainable params")
 
+  def warm_params(self, saved: Drafter, params: dict, fresh: dict, target: LlamaConfig) -> dict:
+    """The params a run of this drafter starts from when it continues `saved`'s (train/
+    experiment.warm_start, which then checks them leaf by leaf against `fresh`, this run's own
+    init): as saved, unless a drafter knows how to grow them."""
+    return params
+
   def train_outputs(self, params, frozen, config: LlamaConfig, batch: dict, key) -> dict:
     """Per-depth logits [b, t, J, v] (and optional aux_loss, accept_logits, metrics)."""
     raise NotImplementedError(f"{type(self).__name__} is not trained on target features")

@@ -83,7 +83,7 @@ class Eagle(Drafter):
   def eagle3(cls, n_layers: int, **kw) -> Eagle:
     """EAGLE-3 defaults: low, middle and high layer features, 3 training-time-test steps."""
     layers = tuple(sorted({min(2, n_layers), max(n_layers // 2, 1), max(n_layers - 3, 1)}))
-    return cls(feature_layers=layers, **{"ttt_steps": 3, "feature_weight": 0.0, **kw})
+    return cls(**{"feature_layers": layers, "ttt_steps": 3, "feature_weight": 0.0, **kw})
 
   @property
   def hidden_layers(self) -> tuple[int, ...]:
@@ -108,6 +108,22 @@ class Eagle(Drafter):
     if n > 1:
       params["fuse"] = jnp.tile(jnp.eye(d) / n, (n, 1))  # [l d, d]: the mean of the features
     return params
+
+  def warm_params(self, saved: Drafter, params: dict, fresh: dict, target) -> dict:
+    """An EAGLE-3 run (fused features) may continue a one-feature EAGLE drafter whose feature is
+    among its own: the fusion starts as that feature alone, so the run starts drafting exactly as
+    the saved drafter does and learns what the other layers add."""
+    if "fuse" in params or "fuse" not in fresh:
+      return params
+    layer = lambda i: i % (target.n_layers + 1)  # HF indexing: -1 is the last (final-normed)
+    ours = [layer(i) for i in self.feature_layers]
+    if layer(saved.feature_layers[0]) not in ours:
+      raise ValueError(f"an EAGLE drafter of feature layer {saved.feature_layers[0]} cannot start "
+                       f"a run fusing layers {self.feature_layers}: name its layer among them")
+    d = fresh["fuse"].shape[1]
+    i = ours.index(layer(saved.feature_layers[0]))
+    fuse = jnp.zeros(fresh["fuse"].shape, fresh["fuse"].dtype).at[i * d:(i + 1) * d].set(jnp.eye(d))
+    return {**params, "fuse": fuse}  # [l d, d]
 
   # ----- decoding -----
 

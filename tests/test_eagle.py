@@ -117,6 +117,28 @@ def test_training_time_test_matches_decode_time_drafting(tiny):
       feature = a[:, 0]
 
 
+def test_eagle3_grows_from_an_eagle_drafter(tiny):
+  """warm_params: EAGLE-1 params start an EAGLE-3 drafter whose fusion passes EAGLE-1's feature
+  alone, so both give the same training logits; a drafter of a layer not fused is refused."""
+  cfg, params = tiny
+  one, three = Eagle(), Eagle.eagle3(cfg.n_layers, ttt_steps=1)
+  p1 = _params(cfg, params, one)
+  grown = three.warm_params(one, p1, three.init_params(cfg), cfg)
+  tokens = jnp.asarray([sum(PROMPTS, [])[:14]])
+
+  def logits(drafter, dparams):
+    _, hidden, _ = llama.forward_jit(params, cfg, tokens, jnp.arange(14)[None],
+                                     hidden_layers=drafter.hidden_layers)
+    batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.ones((1, 14))}
+    return drafter.train_outputs(dparams, params, cfg, batch, jax.random.key(0))["logits"]
+
+  np.testing.assert_allclose(logits(three, grown), logits(one, p1), rtol=1e-5, atol=1e-5)
+  averaged = {**p1, "fuse": three.init_params(cfg)["fuse"]}  # the fresh init: a mean of features
+  assert not np.allclose(logits(three, averaged), logits(one, p1), atol=1e-3)
+  with pytest.raises(ValueError, match=r"layer 0 cannot start a run fusing layers \(1, 2\)"):
+    three.warm_params(Eagle(feature_layers=(0,)), p1, three.init_params(cfg), cfg)
+
+
 def test_ttt_mask_structure():
   m = eagle.ttt_mask(4, 3)  # rows/cols: step-major, position-minor
   assert m[:4, :4].tolist() == np.tril(np.ones((4, 4), bool)).tolist()  # step 1 is causal

@@ -194,6 +194,20 @@ def test_a_run_starts_from_a_finished_one_of_its_kind(model, trained, tmp_path):
                             init_from=str(exp.folder)), model=model)
 
 
+def test_an_eagle3_run_continues_an_eagle_run_exactly(model, trimmed, tmp_path):
+  """EAGLE-3 fusing the final feature with another starts, by init_from an EAGLE run, where that
+  run ended: its fusion passes the final feature alone, so depth-1 acceptance is the same."""
+  exp, first = trimmed
+  grown = HeadsConfig(Eagle.eagle3(2, vocab_trim=64, ttt_steps=1), batch_size=4, optim=OPTIM)
+  assert -1 % 3 in grown.drafter.feature_layers  # the tiny target's 2 layers: (1, 2), 2 is -1
+  again = run(dataclasses.replace(_exp(tmp_path, "eagle3", grown), init_from=str(exp.folder)),
+              model=model, until=0)
+  key = "acceptance/depth1"
+  assert again["heldout_before"][key] == pytest.approx(first["heldout_after"][key], rel=1e-5)
+  fresh = run(_exp(tmp_path, "eagle3-fresh", grown), model=model, until=0)
+  assert fresh["heldout_before"][key] != pytest.approx(first["heldout_after"][key], rel=1e-3)
+
+
 def test_heads_of_another_target_or_kind_are_refused(tiny, trained, tmp_path):
   cfg, params = tiny
   folder = trained[0].folder

@@ -124,7 +124,7 @@ def student(exp: DistillExperiment, model: LoadedModel, order: np.ndarray) -> St
     drafter = cfg.drafter
     params = drafter.init_params(model.config, jax.random.key(cfg.seed))
     if exp.init_from is not None:
-      params = warm_start(exp.init_from, type(drafter), params, model.config)
+      params = warm_start(exp.init_from, type(drafter), params, model.config, drafter)
     return Student(model.config, params,
                    frozen_params(drafter, params, model.params, model.config, order),
                    tuple(drafter.hidden_layers))
@@ -134,11 +134,14 @@ def student(exp: DistillExperiment, model: LoadedModel, order: np.ndarray) -> St
   return Student(config, params)
 
 
-def warm_start(folder: str, cls: type, like: dict, target: LlamaConfig) -> dict:
-  """The params of the `cls` drafter saved in `folder` (a finished run or a shipped drafter),
-  checked leaf by leaf against `like`, the params this run would start from."""
-  _, params = load_drafter(folder, cls, target)
+def warm_start(folder: str, cls: type, like: dict, target: LlamaConfig, drafter=None) -> dict:
+  """The params of the `cls` drafter saved in `folder` (a finished run or a shipped drafter), as
+  this run's `drafter` grows them (Drafter.warm_params), checked leaf by leaf against `like`, the
+  params this run would start from."""
+  saved, params = load_drafter(folder, cls, target)
   params = {k: v for k, v in params.items() if k != vocab_trim.IDS}
+  if drafter is not None:
+    params = drafter.warm_params(saved, params, like, target)
   saved, wanted = (jax.tree_util.tree_flatten_with_path(t)[0] for t in (params, like))
   shapes = lambda leaves: {jax.tree_util.keystr(p): np.shape(x) for p, x in leaves}
   if shapes(saved) != shapes(wanted):
