@@ -108,6 +108,15 @@ class BenchConfig(Checked):
       suites.check_name(name)
 
 
+  def only(self, names) -> BenchConfig:
+    """This config with the methods named (in its own order; none named: all of them)."""
+    known = [m.name for m in self.methods]
+    if unknown := [n for n in names if n not in known]:
+      raise ValueError(f"no methods named {unknown} in this bench config; its methods: {known}")
+    return dataclasses.replace(self, methods=tuple(m for m in self.methods
+                                                   if not names or m.name in names))
+
+
 def sampling_name(temperature: float) -> str:
   return "greedy" if temperature == 0 else f"t={temperature:g}"
 

@@ -40,7 +40,8 @@ def loader(cfg: BenchConfig) -> Callable:
 def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Path | None = None,
         command: str = "", echo=print, references: dict | None = None) -> dict:
   """The result dict (machine, date, config, lone-forward seconds, rows), written after every
-  panel to <out>/<name>.json (with .md and .png at the end) when `out` is given. model: the
+  row to <out>/<name>.json (with .md and .png at the end) when `out` is given, so a run stopped
+  by a time limit keeps what it measured (x AR comes when a panel ends). model: the
   loaded target (default: cfg.target loaded). references: a dict the run fills with each
   panel's autoregressive tokens ((suite, batch, sampling) -> one token list per prompt), for a
   caller that compares a peer's output without decoding again."""
@@ -87,17 +88,22 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
         row |= _step_split(model, forwards.setdefault(batch, {}), r,
                            m.k if m.pearl else _checked(drafter, m.k), batch)
       panel.append(row)
+      if echo is not None:
+        echo(f"{suite} b{batch} {row['sampling']} {row['method']}: tau {row['tau']:.2f}, "
+             f"{row['tokens_per_s']:.1f} tok/s, compile {row['compile_s']:.1f} s"
+             + (f", same as AR {row['same_as_ar']}/{row['sequences']}"
+                if row["same_as_ar"] is not None else ""))
+      if out is not None:
+        _write_json(result | {"rows": result["rows"] + panel}, out)
       bar.update()
       jax.clear_caches()  # each row compiles its own loops (memory-map limit on long runs)
     base = max(r["tokens_per_s"] for r in panel if r["drafter"] is None)
     for row in panel:
       row |= dict(speedup=row["tokens_per_s"] / base,
                   speedup_per_tau=row["tokens_per_s"] / base / row["tau"])
-      if echo is not None and row["drafter"] is not None:
-        echo(f"{suite} b{batch} {row['sampling']} {row['method']}: tau {row['tau']:.2f}, "
-             f"{row['tokens_per_s']:.1f} tok/s, x{row['speedup']:.2f} AR"
-             + (f", same as AR {row['same_as_ar']}/{row['sequences']}"
-                if row["same_as_ar"] is not None else ""))
+    if echo is not None:
+      echo(f"{suite} b{batch} {sampling_name(temperature)}, x AR: "
+           + ", ".join(f"{r['method']} {r['speedup']:.2f}" for r in panel if r["drafter"]))
     result["rows"] += panel
     if references is not None:
       references[(suite, batch, sampling_name(temperature))] = reference

@@ -30,6 +30,8 @@ def add_parser(sub) -> None:
   p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                  help="override a BenchConfig field, e.g. --set prompts=2 --set "
                       "'suites=(\"chat\",)' --set batch_sizes=1,8 (repeatable)")
+  p.add_argument("--method", action="append", default=[], metavar="NAME",
+                 help="run only this method of the config (repeatable; default: all of them)")
   p.add_argument("--model", default=None, help="the target (default: the config's)")
   p.add_argument("--prompts", default=None, metavar="FILE",
                  help="run on this prompts file (.jsonl or one prompt per line) instead of the "
@@ -44,7 +46,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
   from speculax.bench import report
   from speculax.bench.run import run as run_bench
-  cfg = overrides.apply(load_config(args.config), args.set)
+  cfg = overrides.apply(load_config(args.config), args.set).only(args.method)
   if args.model is not None:
     cfg = dataclasses.replace(cfg, target=args.model)
   if args.prompts is not None:

@@ -184,14 +184,9 @@ def training_throughput(target: LoadedModel, sizes: Sizes, folder: pathlib.Path)
 
 def drafters(target: LoadedModel, sizes: Sizes, args) -> list[dict]:
   """speculax bench's rows for the drafters found under --drafters-dir."""
-  every = drafter_set.methods(args.drafters_dir)
-  unknown = sorted(set(sizes.drafter_methods) - {m.name for m in every})
-  if unknown:
-    raise ValueError(f"no drafter rows named {unknown} under {args.drafters_dir}; the rows: "
-                     f"{[m.name for m in every]}")
-  methods = tuple(m for m in every if not sizes.drafter_methods or m.name in sizes.drafter_methods)
-  cfg = dataclasses.replace(drafter_set.BENCH, methods=methods, precision=args.precision)
-  cfg = overrides.apply(cfg, sizes.drafter_bench)
+  cfg = dataclasses.replace(drafter_set.BENCH, methods=drafter_set.methods(args.drafters_dir),
+                            precision=args.precision)
+  cfg = overrides.apply(cfg.only(sizes.drafter_methods), sizes.drafter_bench)
   return bench_run.run(cfg, "drafters", model=with_precision(target, args.precision))["rows"]
 
 

@@ -81,6 +81,41 @@ def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_pa
   assert (tmp_path / "t.png").stat().st_size > 5000
 
 
+def test_a_run_stopped_midway_keeps_its_rows(tiny, prompts_file, tmp_path, monkeypatch):
+  """Rows are written as they come: a run stopped by a time limit keeps what it measured (the
+  H100 session of 2026-11-27 lost a goodput bench stopped inside its first panel)."""
+  from speculax.bench import run as bench_run
+  real, done = bench_run.run_prompts, []
+
+  def stopped(*args, **kw):
+    if len(done) == 2:
+      raise TimeoutError("out of device time")
+    done.append(real(*args, **kw))
+    return done[-1]
+
+  monkeypatch.setattr(bench_run, "run_prompts", stopped)
+  cfg = dataclasses.replace(CFG, suites=(str(prompts_file),), batch_sizes=(1,), step_split=False)
+  lines = []
+  with pytest.raises(TimeoutError):
+    run(cfg, "s", model=LoadedModel(*tiny, Bytes()), out=tmp_path, echo=lines.append)
+  rows = json.loads((tmp_path / "s.json").read_text())["rows"]
+  assert [r["method"] for r in rows] == ["autoregressive", "prompt lookup"]
+  assert rows[1]["tokens_per_s"] == done[1].tokens_per_s and "speedup" not in rows[1]
+  assert lines[1].startswith(f"{prompts_file} b1 greedy prompt lookup: tau ")
+
+
+def test_methods_are_picked_by_name(capsys):
+  cfg = load_config("goodput")
+  picked = cfg.only(["eagle-ttt k=1", "prompt lookup k=4"])
+  assert [m.name for m in picked.methods] == ["prompt lookup k=4", "eagle-ttt k=1"]  # its order
+  assert cfg.only([]) == cfg
+  with pytest.raises(ValueError, match=r"no methods named \['eagle k=9'\] in this bench config; "
+                                       r"its methods: \['prompt lookup k=1', "):
+    cfg.only(["eagle k=9"])
+  assert main(["bench", "--config", "goodput", "--method", "eagle k=9"]) == 2
+  assert "no methods named ['eagle k=9']" in capsys.readouterr().err
+
+
 def test_heads_set_has_rows_for_the_shipped_head_drafters_only(tmp_path):
   from speculax.configs.bench import heads
   assert "heads" in shipped()
