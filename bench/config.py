@@ -107,7 +107,6 @@ class BenchConfig(Checked):
     for name in self.suites:
       suites.check_name(name)
 
-
   def only(self, names) -> BenchConfig:
     """This config with the methods named (in its own order; none named: all of them)."""
     known = [m.name for m in self.methods]

@@ -138,10 +138,10 @@ def warm_start(folder: str, cls: type, like: dict, target: LlamaConfig, drafter=
   """The params of the `cls` drafter saved in `folder` (a finished run or a shipped drafter), as
   this run's `drafter` grows them (Drafter.warm_params), checked leaf by leaf against `like`, the
   params this run would start from."""
-  saved, params = load_drafter(folder, cls, target)
+  saved_drafter, params = load_drafter(folder, cls, target)
   params = {k: v for k, v in params.items() if k != vocab_trim.IDS}
   if drafter is not None:
-    params = drafter.warm_params(saved, params, like, target)
+    params = drafter.warm_params(saved_drafter, params, like, target)
   saved, wanted = (jax.tree_util.tree_flatten_with_path(t)[0] for t in (params, like))
   shapes = lambda leaves: {jax.tree_util.keystr(p): np.shape(x) for p, x in leaves}
   if shapes(saved) != shapes(wanted):
