@@ -116,12 +116,11 @@ class Eagle(Drafter):
     if "fuse" in params or "fuse" not in fresh:
       return params
     layer = lambda i: i % (target.n_layers + 1)  # HF indexing: -1 is the last (final-normed)
-    ours = [layer(i) for i in self.feature_layers]
-    if layer(saved.feature_layers[0]) not in ours:
+    ours, theirs = [layer(i) for i in self.feature_layers], layer(saved.feature_layers[0])
+    if theirs not in ours:
       raise ValueError(f"an EAGLE drafter of feature layer {saved.feature_layers[0]} cannot start "
                        f"a run fusing layers {self.feature_layers}: name its layer among them")
-    d = fresh["fuse"].shape[1]
-    i = ours.index(layer(saved.feature_layers[0]))
+    d, i = fresh["fuse"].shape[1], ours.index(theirs)
     fuse = jnp.zeros(fresh["fuse"].shape, fresh["fuse"].dtype).at[i * d:(i + 1) * d].set(jnp.eye(d))
     return {**params, "fuse": fuse}  # [l d, d]
 
