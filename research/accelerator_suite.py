@@ -48,7 +48,7 @@ from speculax.drafters.eagle import Eagle
 from speculax.models import llama
 from speculax.models.attention import attention, prefix_block_mask
 from speculax.models.config import PRECISIONS, get_preset
-from speculax.models.kernels.tree_attention import BlockSizes, tree_attention
+from speculax.models.kernels.tree_attention import BlockSizes, default_backend, tree_attention
 from speculax.models.load import LoadedModel, load, with_precision
 from speculax.research.common import OUT, read_bandwidth
 from speculax.train import experiment
@@ -135,8 +135,15 @@ def kernel_vs_xla(sizes: Sizes):
   a row per cache length and tree size."""
   h, kh, dq = sizes.heads
   block = BlockSizes(32) if sizes.interpret else None
-  kernel = jax.jit(lambda q, k, v, n, m: tree_attention(q, k, v, n, m, block_sizes=block,
+
+  def pallas(blocks):
+    return jax.jit(lambda q, k, v, n, m: tree_attention(q, k, v, n, m, block_sizes=blocks,
                                                         interpret=sizes.interpret))
+
+  kernel = pallas(block)
+  # On Mosaic GPU also the kernel with one KV range per program: what split-K adds.
+  one_range = (pallas(dataclasses.replace(BlockSizes.get_default("mosaic-gpu"), kv_splits=1))
+               if default_backend(sizes.interpret) == "mosaic-gpu" else None)
   xla = jax.jit(lambda q, k, v, n, m: attention(q, k, v, prefix_block_mask(n, m, k.shape[2])))
   for s in sizes.cache_lengths:
     for t in sizes.tree_sizes:
@@ -146,14 +153,16 @@ def kernel_vs_xla(sizes: Sizes):
       v = jax.random.normal(keys[2], (1, kh, s, dq), jnp.bfloat16)
       args = (q, k, v, jnp.asarray([s - t], jnp.int32), jnp.tril(jnp.ones((1, t, t), bool)))
       # Each call's output is the next one's q (same shape): timed without host dispatch.
-      ours, theirs = (chained_seconds(lambda q, *rest: fn(q, *rest).astype(q.dtype), *args,
-                                      repeats=20) for fn in (kernel, xla))
+      ours, theirs, one = (None if fn is None else chained_seconds(
+          lambda q, *rest: fn(q, *rest).astype(q.dtype), *args, repeats=20) * 1e6
+          for fn in (kernel, xla, one_range))
       error = float(jnp.abs(kernel(*args).astype(jnp.float32)
                             - xla(*args).astype(jnp.float32)).max())
-      yield dict(cache=s, tree=t, kernel_us=ours * 1e6, xla_us=theirs * 1e6,
-                 speedup=theirs / ours, max_abs_error=error)
-      print(f"attention s={s} t={t}: kernel {ours * 1e6:.1f} us, XLA {theirs * 1e6:.1f} us",
-            flush=True)
+      yield dict(cache=s, tree=t, kernel_us=ours, xla_us=theirs, speedup=theirs / ours,
+                 max_abs_error=error, one_range_us=one)
+      one = "-" if one is None else f"{one:.1f}"
+      print(f"attention s={s} t={t}: kernel {ours:.1f} us, XLA {theirs:.1f} us, one KV range "
+            f"{one} us", flush=True)
 
 
 def training_throughput(target: LoadedModel, sizes: Sizes, folder: pathlib.Path) -> dict:
@@ -352,9 +361,10 @@ def markdown(results: dict) -> str:
         f"{t}: {c:.2f}" for t, c in sec["verify"]["cost"].items()))
   if "attention" in sec:
     parts.append(table(["cache", "tree nodes", "kernel us", "XLA us", "XLA / kernel",
-                        "max abs error"],
+                        "max abs error", "one KV range us"],
                        [[r["cache"], r["tree"], r["kernel_us"], r["xla_us"], r["speedup"],
-                         f"{r['max_abs_error']:.2g}"] for r in sec["attention"]]))
+                         f"{r['max_abs_error']:.2g}", r.get("one_range_us") or "-"]
+                        for r in sec["attention"]]))
   if "training" in sec:
     r = sec["training"]
     parts.append(f"EAGLE training: {r['tokens_per_s']:.0f} tokens/s (batch {r['batch']} x "

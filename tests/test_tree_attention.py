@@ -84,9 +84,9 @@ def ragged_lengths(rng: np.random.Generator, b: int, t: int, s: int) -> jnp.ndar
 reference = jax.jit(tree_attention_reference)  # one compile per shape instead of op by op
 
 
-def kernel(q, k, v, lengths, tree_mask, block_kv, backend="mosaic-tpu"):
+def kernel(q, k, v, lengths, tree_mask, block_kv, backend="mosaic-tpu", kv_splits=0):
   return tree_attention(q, k, v, lengths, tree_mask, backend=backend,
-                        block_sizes=BlockSizes(block_kv), interpret=True)
+                        block_sizes=BlockSizes(block_kv, kv_splits), interpret=True)
 
 
 def fit(backend: str, block_kv: int) -> int:
@@ -116,20 +116,66 @@ def test_matches_reference(shape, backend):
     np.testing.assert_allclose(got, want, atol=ATOL[backend], rtol=0, err_msg=f"tree={name}")
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_length_sweep_across_block_boundaries(backend):
-  """Lengths at, just before and just after block boundaries, in one batch (one compile)."""
-  t, kh, g, dq = 5, 2, 2, 8
-  c = 16 * fit(backend, 16)
+def sweep_inputs(c: int, t: int = 5, kh: int = 2, g: int = 2, dq: int = 8):
+  """A 4-block cache and lengths at, just before and just after block boundaries, one batch."""
   s = 4 * c
   lengths = jnp.array([0, 1, c - 5, c - 1, c, c + 1, 2 * c, 2 * c + 11, 3 * c, s - t], jnp.int32)
   b = lengths.shape[0]
   q, k, v = make_inputs(1, b, t, kh, g, dq, s)
   rng = np.random.default_rng(1)
   tree = jnp.asarray(np.stack([random_tree(rng, t) for _ in range(b)]))
+  return q, k, v, lengths, tree
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_length_sweep_across_block_boundaries(backend):
+  """On Mosaic GPU the default splits give each of the 4 blocks its own KV range (some empty)."""
+  c = 16 * fit(backend, 16)
+  q, k, v, lengths, tree = sweep_inputs(c)
   got = kernel(q, k, v, lengths, tree, c, backend)
   np.testing.assert_allclose(got, reference(q, k, v, lengths, tree), atol=ATOL[backend],
                              rtol=0)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_mosaic_gpu_kv_ranges_of_several_blocks(splits):
+  """Split-K with ranges of several blocks (double-buffered within a range, unmasked then
+  masked): 3 ranges of a 4-block cache are 2 + 2 + none blocks long, 1 range is the whole
+  cache (no merge)."""
+  q, k, v, lengths, tree = sweep_inputs(64)
+  got = kernel(q, k, v, lengths, tree, 64, "mosaic-gpu", kv_splits=splits)
+  np.testing.assert_allclose(got, reference(q, k, v, lengths, tree), atol=ATOL["mosaic-gpu"],
+                             rtol=0)
+
+
+def test_merge_splits_is_the_softmax_over_all_ranges():
+  """Partial softmaxes over three ranges of 12 scores (one range empty) merge to the full one."""
+  rng = np.random.default_rng(7)
+  scores, values = rng.standard_normal((5, 12)) * 4, rng.standard_normal((12, 3))
+  ranges = [slice(0, 5), slice(5, 12), slice(12, 12)]
+  parts, lses = [], []
+  for r in ranges:
+    x = scores[:, r]
+    if x.shape[1] == 0:
+      parts.append(np.zeros((5, 3))), lses.append(np.full(5, mosaic_gpu.common.NEG))
+      continue
+    w = np.exp(x - x.max(1, keepdims=True))
+    parts.append(w @ values[r] / w.sum(1, keepdims=True))
+    lses.append(x.max(1) + np.log(w.sum(1)))
+  got = mosaic_gpu.merge_splits(jnp.asarray(np.stack(parts), jnp.float32),
+                                jnp.asarray(np.stack(lses), jnp.float32))
+  p = np.exp(scores - scores.max(1, keepdims=True))
+  np.testing.assert_allclose(got, p @ values / p.sum(1, keepdims=True), atol=1e-5)
+  nothing = mosaic_gpu.merge_splits(jnp.zeros((2, 1, 3)), jnp.full((2, 1), mosaic_gpu.common.NEG))
+  np.testing.assert_array_equal(nothing, np.zeros((1, 3)))
+
+
+def test_mosaic_gpu_default_splits_fill_two_waves():
+  """One Llama-3-8B sequence, 16 nodes (8 kv heads x 1 row tile): 33 ranges; never more ranges
+  than blocks, never fewer than one."""
+  assert mosaic_gpu.kv_splits(8, 128) == 33
+  assert mosaic_gpu.kv_splits(8, 4) == 4
+  assert mosaic_gpu.kv_splits(1000, 128) == 1
 
 
 jitted_kernel = jax.jit(kernel, static_argnames=("block_kv", "backend"))
@@ -164,9 +210,10 @@ def test_mosaic_gpu_kernel_has_no_races(monkeypatch):
                       lambda: params.InterpretGPUParams(detect_races=True))
   b, t, kh, g, dq, s, block_kv = 2, 6, 1, 3, 8, 192, 64
   q, k, v = make_inputs(5, b, t, kh, g, dq, s)
-  lengths = jnp.array([60, s - t], jnp.int32)  # masked steps over two blocks, then one
+  # 2 KV ranges: [0, 1) and [1, 2) masked; [0, 2) unmasked (double-buffered) and [2, 3) masked.
+  lengths = jnp.array([60, s - t], jnp.int32)
   tree = jnp.asarray(np.stack([random_tree(np.random.default_rng(5), t) for _ in range(b)]))
-  got = kernel(q, k, v, lengths, tree, block_kv, "mosaic-gpu")
+  got = kernel(q, k, v, lengths, tree, block_kv, "mosaic-gpu", kv_splits=2)
   assert not interpret_pallas_call.get_races().races_found
   np.testing.assert_allclose(got, reference(q, k, v, lengths, tree), atol=ATOL["mosaic-gpu"],
                              rtol=0)
@@ -210,14 +257,14 @@ def test_bad_block_size(backend, block_kv, match, dq):
 
 
 def test_mosaic_gpu_block_shrinks_to_fit_smem():
-  """block_kv is an upper bound on Mosaic GPU: a 64-token tree with 4 query heads per kv head and
-  head dim 128 (r = 256 rows) needs 320 KiB of SMEM at the default 128, more than an H100 has (the
-  accelerator suite's first H100 run stopped there), so the kernel tiles by 64, which still
-  divides the cache, with the same result."""
-  assert mosaic_gpu.fitting_block(256, 128, 128) == 64
-  assert mosaic_gpu.fitting_block(64, 64, 256) == 256  # fits: unchanged
-  assert mosaic_gpu.fitting_block(256, 128, 192) == 64  # 96 is no multiple of 64
-  t, g, dq, s = 64, 4, 128, 256
+  """block_kv is an upper bound on Mosaic GPU: head dim 256 needs 320 KiB of SMEM at block 128,
+  more than an H100 block has, so the kernel tiles by 64, which still divides the cache, with
+  the same result; 40 nodes x 4 heads per kv head are 160 rows, 3 tiles of 64."""
+  assert mosaic_gpu.fitting_block(256, 128) == 64
+  assert mosaic_gpu.fitting_block(128, 256) == 128
+  assert mosaic_gpu.fitting_block(64, 256) == 256  # fits: unchanged
+  assert mosaic_gpu.fitting_block(256, 192) == 64  # 96 is no multiple of 64
+  t, g, dq, s = 40, 4, 256, 256
   q, k, v = make_inputs(6, 1, t, 1, g, dq, s, jnp.bfloat16)
   lengths, tree = jnp.array([s - t - 32], jnp.int32), jnp.asarray(chain_mask(t))[None]
   got = kernel(q, k, v, lengths, tree, 128, "mosaic-gpu")
@@ -226,10 +273,11 @@ def test_mosaic_gpu_block_shrinks_to_fit_smem():
                              atol=ATOL["mosaic-gpu"], rtol=0)
 
 
-def test_mosaic_gpu_rows_that_fit_no_block_are_refused():
-  q, k, v, lengths, tree = _valid_inputs(t=40, g=4, dq=256, s=512)  # 160 rows, padded to r = 256
-  with pytest.raises(ValueError, match="r=256 query rows and head dim 256 need 327680 bytes"):
-    kernel(q, k, v, lengths, tree, 64, "mosaic-gpu")
+def test_kv_splits_only_on_mosaic_gpu():
+  with pytest.raises(ValueError, match="kv_splits=2 is a mosaic-gpu setting; triton walks"):
+    kernel(*_valid_inputs(), 16, "triton", kv_splits=2)
+  with pytest.raises(ValueError, match="BlockSizes.kv_splits must be an int >= 0, got -1"):
+    BlockSizes(64, -1)
 
 
 def test_bfloat16_block_rule_on_mosaic_tpu():

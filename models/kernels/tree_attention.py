@@ -15,18 +15,20 @@ prefix+tree mask):
   - "mosaic-tpu" (tree_attention_tpu.py): grid (b, k, KV blocks), K/V streamed through VMEM one
     [c, q] block per step, lengths as scalar prefetch;
   - "mosaic-gpu" (tree_attention_mosaic_gpu.py, Hopper; JAX's default Pallas lowering on CUDA):
-    grid (b, k), one warpgroup walks the KV blocks, TMA-copied into SMEM, both matmuls
-    `plgpu.wgmma` (16-bit: a float32 cache is cast to bf16), the tree mask precomputed for the
-    few slots it can cover, since Mosaic GPU has no dot_general on register arrays;
+    grid (b, k, 64-row tiles, KV splits), one warpgroup walks its range of KV blocks, TMA-copied
+    into SMEM, both matmuls `plgpu.wgmma` (16-bit: a float32 cache is cast to bf16), the tree
+    mask precomputed for the few slots it can cover, since Mosaic GPU has no dot_general on
+    register arrays; the ranges' partial softmaxes are merged after (split-K);
   - "triton" (tree_attention_triton.py): grid (b, k), a loop over KV blocks in each program;
     deprecated by JAX from 0.11, kept while JAX ships it (and the default on ROCm).
 `backend=None` picks by platform (`default_backend`). `interpret=True` runs the chosen backend's
-kernel in an interpreter on CPU (Mosaic GPU's own for "mosaic-gpu"). One program always takes
-the g query heads of one kv head as an [r, q] tile, so each K/V block is read once per group, and
-blocks past lengths[b] + t cost no compute, so cost follows the ragged length, not s.
+kernel in an interpreter on CPU (Mosaic GPU's own for "mosaic-gpu"). One program takes the g
+query heads of one kv head as an [r, q] tile (64 rows of it on Mosaic GPU), so each K/V block
+is read once per group (per tile), and blocks past lengths[b] + t cost no compute, so cost
+follows the ragged length, not s.
 
-Padding (done here, sliced off after): rows to r = max(16, next_pow2(t * g)) (then to a multiple
-of 64, wgmma's M, on Mosaic GPU), tree columns to u = max(16, next_pow2(t)), both cheap (q and the
+Padding (done here, sliced off after): rows to r = max(16, next_pow2(t * g)) (on Mosaic GPU to
+a multiple of 64, wgmma's M, instead), tree columns to u = max(16, next_pow2(t)), both cheap (q and the
 mask are small). A head dim that is not a power of two >= 16 on Triton, or not a multiple of 64 on
 Mosaic GPU, is padded too, which copies the cache: fine for tests, avoid it in production (Llama
 head dims are 64 or 128).
@@ -63,7 +65,7 @@ from speculax.models.kernels.tree_attention_triton import tree_attention_triton
 
 Backend = Literal["mosaic-tpu", "mosaic-gpu", "triton"]
 # Each backend's kernel: (lengths [b] int32, q [b, k, r, q], k, v [b, k, s, q], tree [b, r, u],
-# *, block_kv, num_new, scale, interpret) -> [b, k, r, q].
+# *, block_kv, num_new, scale, interpret) -> [b, k, r, q]; Mosaic GPU's also takes splits.
 BACKENDS = {"mosaic-tpu": tree_attention_tpu, "mosaic-gpu": mosaic_gpu.tree_attention_mosaic_gpu,
             "triton": tree_attention_triton}
 # The backend `backend=None` picks on each platform (jax platform names; "cuda" as an abstract
@@ -74,9 +76,9 @@ PLATFORM_BACKENDS = {"tpu": "mosaic-tpu", "gpu": "mosaic-gpu", "cuda": "mosaic-g
 #   mosaic-tpu 512: each grid step costs ~0.35 us of fixed overhead on TPU, so blocks are big;
 #     K/V in VMEM are 2 arrays x 2 buffers x 512 x q slots (1 MiB at q = 128 float32), far
 #     below the 16 MiB scoped VMEM of a v5e.
-#   mosaic-gpu 128: one warpgroup holds the [r, c] scores and the [r, q] accumulator in
-#     registers (64 + 64 float32 per thread at r = 64, q = 128); SMEM holds 16-bit q, two K
-#     and V buffers, P and the mask slab: 176 KiB at r = 64, q = 128 of the H100's 227 KiB.
+#   mosaic-gpu 128: one warpgroup holds the [64, c] scores and the [64, q] accumulator in
+#     registers (64 + 64 float32 per thread at q = 128); SMEM holds 16-bit q, two K and V
+#     buffers, P and the mask slab: 176 KiB at q = 128 of the H100's 227 KiB.
 #   triton 64: the [r, c] scores and [c, q] K/V tiles live in registers; 64 keeps r <= 64 rows
 #     with q = 128 from spilling.
 DEFAULT_BLOCK_KV = {"mosaic-tpu": 512, "mosaic-gpu": 128, "triton": 64}
@@ -116,6 +118,10 @@ class BlockSizes(Checked):
   # Cache slots per online-softmax step; must divide s. On mosaic-gpu an upper bound: the kernel
   # tiles by the largest divisor whose SMEM fits (tree_attention_mosaic_gpu.fitting_block).
   block_kv: int = field(128, ge=1)
+  # KV ranges each (b, kv head, row tile) splits the cache into, merged after (flash-decoding's
+  # split-K); mosaic-gpu only (the others walk the whole cache per program); 0: enough ranges
+  # for about two waves of programs (tree_attention_mosaic_gpu.kv_splits).
+  kv_splits: int = field(0, ge=0)
 
   @classmethod
   def get_default(cls, backend: Backend | None = None, interpret: bool = False) -> BlockSizes:
@@ -144,8 +150,10 @@ def _round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
-def _check_block_kv(backend: str, block_kv: int, s: int, dtype) -> None:
-  """Each backend's tile rule for the KV block, then divisibility of the cache length."""
+def _check_block_sizes(backend: str, sizes: BlockSizes, s: int, dtype) -> None:
+  """Each backend's tile rule for the KV block, divisibility of the cache length, then
+  kv_splits (Mosaic GPU's alone)."""
+  block_kv = sizes.block_kv
   if backend == "triton" and (block_kv < _MIN_TILE or block_kv & (block_kv - 1)):
     raise ValueError(f"block_kv={block_kv} must be a power of two >= {_MIN_TILE} on triton")
   low, high = mosaic_gpu.MIN_BLOCK, mosaic_gpu.MAX_BLOCK
@@ -158,6 +166,9 @@ def _check_block_kv(backend: str, block_kv: int, s: int, dtype) -> None:
                      f"{jnp.dtype(dtype).name} cache on mosaic-tpu")
   if s % block_kv != 0:
     raise ValueError(f"block_kv={block_kv} does not divide the cache length s={s}")
+  if sizes.kv_splits and backend != "mosaic-gpu":
+    raise ValueError(f"kv_splits={sizes.kv_splits} is a mosaic-gpu setting; {backend} walks "
+                     f"the whole cache per program (leave it 0)")
 
 
 def _validate(q, k, v, lengths, tree_mask) -> None:
@@ -194,16 +205,17 @@ def _validate(q, k, v, lengths, tree_mask) -> None:
                        f"(need 0 <= length <= {s - t})")
 
 
-@functools.partial(jax.jit, static_argnames=("backend", "block_kv", "interpret"))
-def _tree_attention(q, k, v, lengths, tree_mask, backend: str, block_kv: int, interpret: bool):
+@functools.partial(jax.jit, static_argnames=("backend", "block_sizes", "interpret"))
+def _tree_attention(q, k, v, lengths, tree_mask, backend: str, block_sizes: BlockSizes,
+                    interpret: bool):
   b, t, h, dq = q.shape
   kh = k.shape[1]
   g = h // kh
   rows, u, dp = _tile(t * g), _tile(t), dq
   if backend == "triton":
     dp = _tile(dq)
-  elif backend == "mosaic-gpu":
-    rows, dp = _round_up(rows, mosaic_gpu.ROWS), _round_up(dq, mosaic_gpu.HEAD_DIM)
+  elif backend == "mosaic-gpu":  # whole 64-row tiles, one program each: no power of two
+    rows, dp = _round_up(t * g, mosaic_gpu.ROWS), _round_up(dq, mosaic_gpu.HEAD_DIM)
   # Rows of one kv head ordered (t, g): query head kh * g + gi of token ti is row ti * g + gi.
   qr = q.reshape(b, t, kh, g, dq).transpose(0, 2, 1, 3, 4).reshape(b, kh, t * g, dq)
   qr = jnp.pad(qr, ((0, 0), (0, 0), (0, rows - t * g), (0, dp - dq)))  # [b, k, r, q]
@@ -212,8 +224,10 @@ def _tree_attention(q, k, v, lengths, tree_mask, backend: str, block_kv: int, in
     v = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, dp - dq)))
   tree = jnp.repeat(tree_mask, g, axis=1).astype(jnp.float32)  # [b, t * g, t]
   tree = jnp.pad(tree, ((0, 0), (0, rows - t * g), (0, u - t)))  # [b, r, u]; padding hidden
-  out = BACKENDS[backend](lengths.astype(jnp.int32), qr, k, v, tree, block_kv=block_kv,
-                          num_new=t, scale=dq ** -0.5, interpret=interpret)  # [b, k, r, q]
+  splits = {"splits": block_sizes.kv_splits} if backend == "mosaic-gpu" else {}
+  out = BACKENDS[backend](lengths.astype(jnp.int32), qr, k, v, tree,
+                          block_kv=block_sizes.block_kv, num_new=t, scale=dq ** -0.5,
+                          interpret=interpret, **splits)  # [b, k, r, q]
   out = out[:, :, :t * g, :dq].reshape(b, kh, t, g, dq)
   return out.transpose(0, 2, 1, 3, 4).reshape(b, t, h, dq)
 
@@ -231,7 +245,7 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array,
       (causal for a chain).
     backend: one of `BACKENDS`; None picks by platform (`default_backend`).
     block_sizes: kernel tiling, None for `BlockSizes.get_default(backend)`; block_kv must divide
-      s and fit the backend's tile rule.
+      s and fit the backend's tile rule; kv_splits only on mosaic-gpu.
     interpret: run the backend's kernel in the Pallas interpreter (CPU, tests).
 
   Returns:
@@ -242,8 +256,8 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array,
   check_backend(backend)
   block_sizes = block_sizes or BlockSizes.get_default(backend)
   _validate(q, k, v, lengths, tree_mask)
-  _check_block_kv(backend, block_sizes.block_kv, k.shape[2], k.dtype)
-  run = functools.partial(_tree_attention, backend=backend, block_kv=block_sizes.block_kv,
+  _check_block_sizes(backend, block_sizes, k.shape[2], k.dtype)
+  run = functools.partial(_tree_attention, backend=backend, block_sizes=block_sizes,
                           interpret=interpret)
   mesh = jax.sharding.get_abstract_mesh()
   batch, heads = _split_axes(mesh, q.shape[0], k.shape[1])
