@@ -49,9 +49,10 @@ def markdown(result: dict) -> str:
             "step = rest + verify (fwd)", "compile s", "drafter MB"]
   if any(r.get("k_steps") for r in result["rows"]):  # goodput-driven rows: choices and costs
     ints = lambda xs, f="{}": "/".join(f.format(x) for x in xs) if xs else "-"
+    # 3 digits: a GPU step is ~1 ms, a CPU one 25-130
     header += ["steps drafting 0..k", "calibrated step ms at 0..k"]
     for row, r in zip(rows, result["rows"]):
-      row += [ints(r.get("k_steps")), ints([s * 1e3 for s in r.get("step_costs") or []], "{:.0f}")]
+      row += [ints(r.get("k_steps")), ints([s * 1e3 for s in r.get("step_costs") or []], "{:.3g}")]
   return head + "\n\n" + table(header, rows)
 
 
