@@ -196,7 +196,10 @@ def drafters(target: LoadedModel, sizes: Sizes, args) -> list[dict]:
   cfg = dataclasses.replace(drafter_set.BENCH, methods=drafter_set.methods(args.drafters_dir),
                             precision=args.precision)
   cfg = overrides.apply(cfg.only(sizes.drafter_methods), sizes.drafter_bench)
-  return bench_run.run(cfg, "drafters", model=with_precision(target, args.precision))["rows"]
+  # The bench applies its attention to the models it loads; the target is loaded here.
+  model = with_precision(target, args.precision)
+  model = dataclasses.replace(model, config=model.config.with_runtime(attention_impl=cfg.attention))
+  return bench_run.run(cfg, "drafters", model=model)["rows"]
 
 
 def smoke_target() -> LoadedModel:

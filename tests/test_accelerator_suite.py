@@ -78,3 +78,15 @@ def test_a_section_stopped_midway_keeps_its_rows(tmp_path, monkeypatch):
   assert results["sections"]["attention"] == [row]
   assert "out of device time" in results["errors"]["attention"]
   assert json.loads(path.read_text())["sections"]["attention"] == [row]
+
+
+def test_the_drafters_section_decodes_with_the_attention_it_is_given(tmp_path, monkeypatch):
+  """`--drafter-set attention=pallas` runs the target's decoding through the tree-attention
+  kernel (the bench applies its attention only to models it loads itself)."""
+  seen = []
+  monkeypatch.setattr(accelerator_suite.bench_run, "run", lambda cfg, name, model: seen.append(
+      (cfg.attention, model.config.runtime.attention_impl)) or {"rows": []})
+  for extra in ([], ["--drafter-set", "attention=pallas-interpret"]):
+    accelerator_suite.main(["--smoke", "--sections", "drafters", "--results",
+                            str(tmp_path / "s.json"), *extra])
+  assert seen == [("xla", "xla"), ("pallas-interpret", "pallas-interpret")]
