@@ -159,14 +159,14 @@ def fitting_block(dq: int, block_kv: int) -> int:
   """The largest multiple of MIN_BLOCK dividing block_kv whose scratch fits in SMEM. A smaller
   block changes the tiling only, not the result, and still divides the cache, which is sized in
   whole block_kv blocks: so block_kv is an upper bound on this backend. Every head dim up to
-  MAX_HEAD_DIM fits at MIN_BLOCK (181 KiB at 256)."""
+  MAX_HEAD_DIM fits at MIN_BLOCK (176 KiB at 256)."""
   return next(c for c in range(block_kv, MIN_BLOCK - 1, -MIN_BLOCK)
               if block_kv % c == 0 and smem_bytes(dq, c) <= SMEM_BYTES)
 
 
 def kv_splits(programs: int, blocks: int) -> int:
-  """KV ranges per (b, kv head, row tile) so that about TARGET_PROGRAMS programs run: none
-  fewer than one block long (`blocks` in the whole cache)."""
+  """KV ranges per (b, kv head, row tile) for about TARGET_PROGRAMS programs in all, at most one
+  per block of the cache (`blocks`) and at least one."""
   return max(1, min(blocks, -(-TARGET_PROGRAMS // programs)))
 
 
