@@ -29,9 +29,9 @@ follows the ragged length, not s.
 
 Padding (done here, sliced off after): rows to r = max(16, next_pow2(t * g)) (on Mosaic GPU to
 a multiple of 64, wgmma's M, instead), tree columns to u = max(16, next_pow2(t)), both cheap (q
-and the mask are small). A head dim that is not a power of two >= 16 on Triton, or not a multiple of 64 on
-Mosaic GPU, is padded too, which copies the cache: fine for tests, avoid it in production (Llama
-head dims are 64 or 128).
+and the mask are small). A head dim that is not a power of two >= 16 on Triton, or not a
+multiple of 64 on Mosaic GPU, is padded too, which copies the cache: fine for tests, avoid it in
+production (Llama head dims are 64 or 128).
 
 Under a mesh (an abstract or concrete mesh in context: `jax.set_mesh`, `use_abstract_mesh`) the
 kernel runs through `jax.shard_map`, each device on its local shard: batch over the mesh's
