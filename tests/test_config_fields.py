@@ -132,7 +132,7 @@ BAD = {
               "attention_impl": (1, "", "flash"), "attention_block_kv": ints(1)},
     RopeScaling: {"factor": numbers(0.0), "low_freq_factor": numbers(0.0),
                   "high_freq_factor": numbers(0.0), "original_max_position": ints(1)},
-    BlockSizes: {"block_kv": ints(1)},
+    BlockSizes: {"block_kv": ints(1), "kv_splits": ints(0)},
 }
 
 
