@@ -79,7 +79,7 @@ class Sizes:
   drafter_bench: tuple[str, ...] = ("suites=('humaneval',)", "prompts=3", "new_tokens=48")
 
 
-SMOKE = Sizes(batches=(1, 2), new_tokens=8, big="tiny-untied-llama3", forward_tokens=(1, 2, 4),
+SMOKE = Sizes(batches=(1,), new_tokens=8, big="tiny-untied-llama3", forward_tokens=(1, 2, 4),
               cache_lengths=(64, 128), tree_sizes=(4, 8), heads=(4, 2, 16), interpret=True,
               train_steps=3, train_batch=2, seq_len=32,
               drafter_methods=("prompt lookup",),

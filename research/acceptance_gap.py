@@ -160,6 +160,15 @@ def plot(rows: dict, sets: list[str], suite_names: list[str], path: pathlib.Path
   return path
 
 
+def heldout_figures(runs: dict) -> dict[str, float]:
+  """Depth-1 held-out 1 - TV of train_drafters' runs by run name, then by the folder each was
+  shipped to, which wins (eagle3-warm-smollm2 ships as eagle3-smollm2, over the fresh run)."""
+  depth1 = {name: r["after"].get("acceptance/depth1", r["after"].get("acceptance"))
+            for name, r in runs.items()}
+  return depth1 | {pathlib.Path(r["shipped"]).name: depth1[name] for name, r in runs.items()
+                   if r.get("shipped")}
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -189,13 +198,11 @@ def main():
     answers = run_prompts(model, ids, None, None, spec).tokens
     prompts[name] = ids
     sets[f"{name} answers"] = ([p + a for p, a in zip(ids, answers)], [len(p) for p in ids])
-  recipe = json.loads(RECIPE.read_text())["runs"] if RECIPE.is_file() else {}
+  recipe = heldout_figures(json.loads(RECIPE.read_text())["runs"] if RECIPE.is_file() else {})
   rows = {}
   for folder in folders:
     drafter, params = registry.load(folder, model)
-    after = recipe.get(folder.name, {}).get("after", {})
-    row = rows[folder.name] = {"held-out rows": after.get("acceptance/depth1",
-                                                          after.get("acceptance"))}
+    row = rows[folder.name] = {"held-out rows": recipe.get(folder.name)}
     for name, (docs, starts) in sets.items():
       row[name] = score(drafter, params, model, docs, starts)
     for name, ids in prompts.items():

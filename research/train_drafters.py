@@ -147,6 +147,8 @@ def main():
   results = pathlib.Path(args.results)
   found = json.loads(results.read_text()) if results.is_file() else {"runs": {}}
   if args.report:
+    if not found["runs"]:
+      ap.error(f"no runs in --results {results}")
     return report(found)
   model = load("smollm2-135m")
   for name in names:

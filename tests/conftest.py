@@ -51,3 +51,12 @@ def _release_compiled_code():
   yield
   jax.clear_caches()
   gc.collect()
+
+
+def pytest_collection_modifyitems(items):
+  """Modules holding a slow test (the real model) run first, each module kept whole (module
+  fixtures load once). Collected alphabetically, the slowest modules (README snippets, the
+  real-model decoding tests) came last, so the 2 workers ended on a few long tests, one of
+  them idle: longest first is what keeps both busy to the end."""
+  slow = {item.module for item in items if item.get_closest_marker("slow")}
+  items.sort(key=lambda item: item.module not in slow)  # stable: file order within each group

@@ -16,7 +16,8 @@ from speculax.drafters.eagle import Eagle
 from speculax.drafters.hydra import Hydra
 from speculax.drafters.medusa import Medusa
 from speculax.models.derive import truncated
-from speculax.research.acceptance_gap import plot, position_sets, replay_k1, report, score
+from speculax.research.acceptance_gap import (heldout_figures, plot, position_sets, replay_k1,
+                                              report, score)
 
 from test_eagle import _params as eagle_params
 from test_hydra import random_params
@@ -82,3 +83,13 @@ def test_plot_and_report_show_every_drafter(tmp_path):
   text = report({"command": "c", "machine": "m", "date": "d", "suites": ["chat"], "rows": rows})
   assert "| a | 0.500 | 0.400 (0.45) | 0.400 (0.45) | 0.30 / 0.25 |" in text
   assert "| b | - |" in text
+
+
+def test_held_out_figures_follow_the_shipped_folder():
+  """A run shipped under another name gives that folder its figure, over a run of that name."""
+  runs = {"eagle3-smollm2": {"after": {"acceptance/depth1": 0.37}},
+          "eagle3-warm-smollm2": {"after": {"acceptance/depth1": 0.52},
+                                  "shipped": "results/drafters/eagle3-smollm2"},
+          "distill": {"after": {"acceptance": 0.39}}}
+  assert heldout_figures(runs) == {"eagle3-smollm2": 0.52, "eagle3-warm-smollm2": 0.52,
+                                   "distill": 0.39}
