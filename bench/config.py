@@ -11,10 +11,7 @@ temperatures, on one target. A method set is a Python file defining BENCH = Benc
     ), suites=("humaneval", "chat"), batch_sizes=(1, 8), temperatures=(0.0, 1.0))
 
 Autoregressive decoding runs in every panel (suite x batch x temperature), first and last, and
-each method's speedup divides by the faster of the two: the machine's speed drifts. With
-step_split each row also times a one-token forward right after it (its pace), and x AR paced
-divides tokens/s x pace by autoregressive's: drift between rows cancels, where a shared CPU's
-speed moved x AR by up to 0.3 between neighbouring rows of one run (README, heads table).
+each method's speedup divides by the faster of the two: the machine's speed drifts.
 """
 from __future__ import annotations
 
@@ -93,8 +90,7 @@ class BenchConfig(Checked):
   temperatures: tuple[float, ...] = field((0.0,), ge=0)  # 0: greedy (greedy equality counted)
   new_tokens: int = field(48, ge=1)  # exactly this many per prompt (EOS off: speeds compare)
   # Split a step's time into the verify forward (timed outside the loop for that many tokens at
-  # the panel's batch) and the rest (drafting, the loop's own work), in one-token forwards; and
-  # time a one-token forward right after every row (its pace), for x AR paced.
+  # the panel's batch) and the rest (drafting, the loop's own work), in one-token forwards.
   step_split: bool = True
 
   def __post_init__(self):

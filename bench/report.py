@@ -23,12 +23,11 @@ def plot_tau_speedup(rows, path, title: str, panels=("greedy", "t=1"), key="samp
   for ax, panel in zip(axes.flat, panels):
     for r in (r for r in rows
               if r[key] == panel and not r["method"].startswith("autoregressive")):
-      speedup = r.get("paced_speedup", r["speedup"])
-      ax.scatter(r["tau"], speedup)
-      ax.annotate(r["method"], (r["tau"], speedup), fontsize=7)
+      ax.scatter(r["tau"], r["speedup"])
+      ax.annotate(r["method"], (r["tau"], r["speedup"]), fontsize=7)
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax.set(title=f"{title}, {panel}", xlabel="tau (tokens per target forward)",
-           ylabel="speedup over autoregressive (paced where timed)")
+           ylabel="speedup over autoregressive")
   fig.tight_layout()
   fig.savefig(path, dpi=120)
 
@@ -43,11 +42,10 @@ def markdown(result: dict) -> str:
           f"{result['target']} ({result['precision']}), {result['new_tokens']} new tokens per "
           "prompt (EOS off), compile time apart.")
   rows = [[r["suite"], r["batch"], r["sampling"], r["method"], r["tau"], acc(r["acceptance"]),
-           r["drafts_per_step"], r["tokens_per_s"], r["speedup"], r.get("paced_speedup"),
-           r["speedup_per_tau"], same(r),
+           r["drafts_per_step"], r["tokens_per_s"], r["speedup"], r["speedup_per_tau"], same(r),
            split(r), r["compile_s"], r["drafter_mb"]] for r in result["rows"]]
   header = ["suite", "batch", "sampling", "method", "tau", "acceptance by position",
-            "drafts/step", "tok/s", "x AR", "x AR paced", "speedup/tau", "same as AR",
+            "drafts/step", "tok/s", "x AR", "speedup/tau", "same as AR",
             "step = rest + verify (fwd)", "compile s", "drafter MB"]
   if any(r.get("k_steps") for r in result["rows"]):  # goodput-driven rows: choices and costs
     ints = lambda xs, f="{}": "/".join(f.format(x) for x in xs) if xs else "-"

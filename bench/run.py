@@ -97,12 +97,13 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
         _write_json(result | {"rows": result["rows"] + panel}, out)
       bar.update()
       jax.clear_caches()  # each row compiles its own loops (memory-map limit on long runs)
-    speedups(panel)
+    base = max(r["tokens_per_s"] for r in panel if r["drafter"] is None)
+    for row in panel:
+      row |= dict(speedup=row["tokens_per_s"] / base,
+                  speedup_per_tau=row["tokens_per_s"] / base / row["tau"])
     if echo is not None:
-      echo(f"{suite} b{batch} {sampling_name(temperature)}, x AR (paced): " + ", ".join(
-          f"{r['method']} {r['speedup']:.2f}" + (f" ({r['paced_speedup']:.2f})"
-                                                 if "paced_speedup" in r else "")
-          for r in panel if r["drafter"]))
+      echo(f"{suite} b{batch} {sampling_name(temperature)}, x AR: "
+           + ", ".join(f"{r['method']} {r['speedup']:.2f}" for r in panel if r["drafter"]))
     result["rows"] += panel
     if references is not None:
       references[(suite, batch, sampling_name(temperature))] = reference
@@ -134,21 +135,6 @@ def _write_json(result: dict, out) -> pathlib.Path:
   return path
 
 
-def speedups(panel: list[dict]) -> None:
-  """Sets each row's x AR (over the panel's faster autoregressive row) and speedup/tau, and
-  where rows carry a pace (seconds of a one-token forward timed right after the row), x AR paced:
-  tokens/s x pace over autoregressive's, the tokens per one-token forward's time, which a
-  machine running slower or faster for a while scales out of both."""
-  ar = [r for r in panel if r["drafter"] is None]
-  base = max(r["tokens_per_s"] for r in ar)
-  paced = max((r["tokens_per_s"] * r["pace_s"] for r in ar if "pace_s" in r), default=None)
-  for row in panel:
-    row |= dict(speedup=row["tokens_per_s"] / base,
-                speedup_per_tau=row["tokens_per_s"] / base / row["tau"])
-    if paced is not None:
-      row["paced_speedup"] = row["tokens_per_s"] * row["pace_s"] / paced
-
-
 def _panel(row: dict) -> str:
   return f"{row['suite']}, batch {row['batch']}, {row['sampling']}"
 
@@ -162,16 +148,14 @@ def _checked(drafter, k: int) -> int:
 
 
 def _step_split(model, forwards: dict, r, n: int, batch: int) -> dict:
-  """A step's time in one-token forwards of `batch` rows timed outside the loop: the whole step
-  (over the row's pace, a one-token forward timed right after it), its verify forward (n tokens a
-  row, against one token, both timed at the panel's first row) and the rest (AR's rest: its
-  loop's own share, below 0 when the loop runs a step faster than the timed forward)."""
+  """A step's time in one-token forwards of `batch` rows timed outside the loop: the whole step,
+  its verify forward (n tokens a row) and the rest (AR's rest: its loop's own share, below 0
+  when the loop runs a step faster than the timed forward)."""
   for t in {1, n} - forwards.keys():
     forwards[t] = forward_seconds(model, t, batch=batch)
-  pace = forward_seconds(model, 1, batch=batch)
-  step = r.decode_s / max(r.steps, 1) / pace
+  step = r.decode_s / max(r.steps, 1) / forwards[1]
   verify = forwards[n] / forwards[1]
-  return dict(pace_s=pace, step_cost=step, verify_cost=verify, draft_cost=step - verify)
+  return dict(step_cost=step, verify_cost=verify, draft_cost=step - verify)
 
 
 def _peak_memory_mb() -> float | None:

@@ -22,9 +22,8 @@ def add_parser(sub) -> None:
                   "file, or a shipped set by name) on its prompt suites at each batch size and "
                   "temperature, with autoregressive decoding first and last in every panel. "
                   "Writes <out>/<name>.json (one row per method and panel: tau, acceptance by "
-                  "position, tokens/s, speedup (also paced by a forward timed after each row), "
-                  "speedup/tau, draft cost, memory, greedy equality, compile time apart), "
-                  "<name>.md and <name>.png.",
+                  "position, tokens/s, speedup, speedup/tau, draft cost, memory, greedy "
+                  "equality, compile time apart), <name>.md and <name>.png.",
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--config", default="quick",
                  help=f"a bench config file, or a shipped set: {', '.join(shipped())}")
