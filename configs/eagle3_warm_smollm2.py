@@ -3,7 +3,9 @@
 fusion starting as that feature alone (Eagle.warm_params), so the run starts drafting as EAGLE
 does and learns what the lower layers add, with 3-step training-time test; 500 updates at lr
 1e-3 as the EAGLE + TTT stage. The fresh EAGLE-3 (configs/eagle3_smollm2.py) ends below EAGLE
-at depth 1 (0.370 against 0.524 held out). Output in runs/eagle3-warm-smollm2."""
+at depth 1 (0.370 against 0.524 held out). Output in runs/eagle3-warm-smollm2; shipped as
+results/drafters/eagle3-smollm2 (`research/train_drafters.py --drafters eagle3_warm --ship
+eagle3-smollm2`)."""
 import dataclasses
 
 from speculax.configs.eagle3_smollm2 import EXPERIMENT as EAGLE3

@@ -5,9 +5,12 @@ stdlib code, VocabTrim 16384, AdamW with warmup and cosine decay), resuming what
 trained; reports held-out acceptance 1 - TV and top-1 agreement per draft depth, before and
 after, with the wall-clock training time; writes --results (runs/results/train_drafters.json), and with --ship a
 bfloat16 copy of each finished drafter to results/drafters/<name>-smollm2/ (what `speculax
-generate --drafter <kind> --heads results/drafters/<name>-smollm2` loads on a fresh clone).
+generate --drafter <kind> --heads results/drafters/<name>-smollm2` loads on a fresh clone), or
+to the folder name --ship gives.
 
   .venv/bin/python -m speculax.research.train_drafters --drafters eagle --ship
+  # the shipped EAGLE-3: the second stage on EAGLE, shipped in the EAGLE-3 folder
+  .venv/bin/python -m speculax.research.train_drafters --drafters eagle3_warm --ship eagle3-smollm2
   # the objective against forward KL, a short budget each (its own run folders):
   .venv/bin/python -m speculax.research.train_drafters --drafters eagle --steps 100 \
       --divergence lk --tag lk100
@@ -75,8 +78,9 @@ def _depths(metrics: dict) -> list[str]:
           for j in depths]
 
 
-def _train(name: str, exp, model, ship: bool) -> dict:
-  """Runs (or resumes) one experiment; its results row, with the shipped copy's folder."""
+def _train(name: str, exp, model, ship: str | None) -> dict:
+  """Runs (or resumes) one experiment; its results row, with the shipped copy's folder (ship:
+  its name under results/drafters, "" for the experiment's own, None: not shipped)."""
   cost = exp.folder / "train_seconds.json"  # summed over resumed runs
   spent = json.loads(cost.read_text()) if cost.is_file() else {"seconds": 0.0, "steps": 0}
   t = time.perf_counter()
@@ -92,11 +96,11 @@ def _train(name: str, exp, model, ship: bool) -> dict:
              learn=exp.data.learn,
              vocab_trim=getattr(getattr(exp.distill, "drafter", None), "vocab_trim", 0),
              before=result["heldout_before"], after=result["heldout_after"])
-  if ship and result["drafter"]:
+  if ship is not None and result["drafter"]:
     drafter, params = registry.load(result["drafter"], model)
     order = params.pop(vocab_trim.IDS)
     row["shipped"] = str(heads_io.save_drafter(
-        SHIPPED / f"{exp.name}", drafter, params, exp.target, model.config, result["steps"],
+        SHIPPED / (ship or exp.name), drafter, params, exp.target, model.config, result["steps"],
         vocab_ids=order, dtype="bfloat16").parent)
   print(f"{exp.name}: held-out 1 - TV {_depths(result['heldout_before'])[:1]} -> "
         f"{_depths(result['heldout_after'])} in {spent['seconds']:.0f} s ({result['steps']} "
@@ -134,14 +138,17 @@ def main():
                   help="train nothing: the held-out figures of this drafter (a finished run or a "
                        "shipped drafter of the --drafters kind) under the experiment's data")
   ap.add_argument("--tag", default="", help="suffix of the run folders (runs/<name>-<tag>)")
-  ap.add_argument("--ship", action="store_true",
-                  help=f"copy finished drafters to {SHIPPED}/<name>-smollm2 in bfloat16")
+  ap.add_argument("--ship", nargs="?", const="", default=None, metavar="NAME",
+                  help=f"copy finished drafters to {SHIPPED}/<name>-smollm2 in bfloat16 (or to "
+                       f"{SHIPPED}/NAME, one drafter only)")
   ap.add_argument("--results", default=str(RESULTS),
                   help="JSON of the runs, extended run by run (results/train_drafters.json holds "
                        "the README's)")
   ap.add_argument("--report", action="store_true", help="print --results' table and stop")
   args = ap.parse_args()
   names = args.drafters.split(",")
+  if args.ship and len(names) > 1:
+    ap.error(f"--ship {args.ship} names one folder; got {len(names)} --drafters {args.drafters}")
   if unknown := set(names) - set(DRAFTERS):
     ap.error(f"unknown --drafters {sorted(unknown)}; known: {', '.join(DRAFTERS)}")
   results = pathlib.Path(args.results)

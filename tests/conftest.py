@@ -57,6 +57,6 @@ def pytest_collection_modifyitems(items):
   """Modules holding a slow test (the real model) run first, each module kept whole (module
   fixtures load once). Collected alphabetically, the slowest modules (README snippets, the
   real-model decoding tests) came last, so the 2 workers ended on a few long tests, one of
-  them idle: longest first is what keeps both busy to the end."""
+  them idle; longest first should keep both busy to the end (not yet measured on a steady day)."""
   slow = {item.module for item in items if item.get_closest_marker("slow")}
   items.sort(key=lambda item: item.module not in slow)  # stable: file order within each group
