@@ -1,4 +1,5 @@
-"""Autoregressive drafting with a model forward: shared by the draft-model and layer-skip drafters."""
+"""Autoregressive drafting with a model forward, shared by the draft-model and layer-skip
+drafters."""
 from __future__ import annotations
 
 import jax

@@ -1,8 +1,9 @@
-"""EAGLE (Li et al. 2024): one decoder layer that drafts in the target's feature space.
+"""EAGLE (Li et al. 2024): a decoder layer (or a few) that drafts in the target's feature space.
 
 Entry i of the draft layer reads g_i, the target's feature at token i, and the embedding of
 token i + 1 (the target's table, shared): x_i = W [g_i; e(x_{i+1})], then one decoder layer of
-the target's architecture with its own KV cache and a norm give a_i, the predicted feature at
+the target's architecture (`draft_layers` of them; the paper's one by default) with its own KV
+cache and a norm give a_i, the predicted feature at
 i + 1, whose logits through the target's output head are the law of token i + 2. Drafting
 continues autoregressively on the drafter's own features: the next entry reads (a_i, e(draft)).
 
@@ -16,8 +17,8 @@ continues autoregressively on the drafter's own features: the next entry reads (
 - SpecDec++ (Huang et al. 2024) adaptive length: with `stop_threshold`, an acceptance head
   predicts the chance each draft is kept: the draft's own confidence (its top probability,
   EAGLE-2's acceptance proxy) corrected by a learned linear map of a_i; a chain stops once the
-  predicted chance that some draft so far is rejected passes the threshold. The verifier checks only those drafts, so
-  output stays lossless whatever the head says.
+  predicted chance that some draft so far is rejected passes the threshold. The verifier checks
+  only those drafts, so output stays lossless whatever the head says.
 
 The drafter's cache holds the real entries 0 .. P - 1 (P the pending token's position: entry
 P - 1 pairs the target's last feature with the pending token), and its state keeps a at P - 1,
@@ -43,7 +44,7 @@ from speculax.core.trees import Tree
 from speculax.core.types import Draft, TargetView, Verified
 from speculax.drafters.base import Drafter
 from speculax.drafters.chain import exit_step
-from speculax.drafters.feature_layer import init_layer, layer_config, run_layer
+from speculax.drafters.feature_layer import init_layer, layer_config, run_layers
 from speculax.drafters.tree_draft import grow_tree
 from speculax.models import llama
 from speculax.models.kvcache import KVCache
@@ -71,6 +72,8 @@ class Eagle(Drafter):
   stop_threshold: float | None = field(None, gt=0, lt=1)
   vocab_trim: int = field(0, ge=0)  # VocabTrim: the N most frequent target tokens (0: all)
   exit_threshold: float | None = field(None, gt=0, lt=1)  # Kangaroo early exit (chains)
+  # Decoder layers of the drafter (params "layer", then "layer1", "layer2", ...).
+  draft_layers: int = field(1, ge=1, le=8)
 
   def __post_init__(self):
     super().__post_init__()
@@ -101,18 +104,23 @@ class Eagle(Drafter):
     drafter's first draft is the target's own next-token guess on g. The acceptance head starts
     as the draft's confidence (a zero correction)."""
     d, n = config.d_model, len(self.feature_layers)
-    layer = init_layer(config, jax.random.key(0) if key is None else key)
+    keys = jax.random.split(jax.random.key(0) if key is None else key, self.draft_layers)
     params = {"fc": jnp.concatenate([jnp.eye(d), jnp.zeros((d, d))]),  # [2d, d]
-              "layer": layer, "norm": jnp.ones((d,), jnp.float32),
+              "norm": jnp.ones((d,), jnp.float32),
               "accept": {"w": jnp.zeros((d,), jnp.float32), "b": jnp.zeros((), jnp.float32)}}
+    params |= {_layer_key(i): init_layer(config, keys[i]) for i in range(self.draft_layers)}
     if n > 1:
       params["fuse"] = jnp.tile(jnp.eye(d) / n, (n, 1))  # [l d, d]: the mean of the features
     return params
 
   def warm_params(self, saved: Drafter, params: dict, fresh: dict, target) -> dict:
-    """An EAGLE-3 run (fused features) may continue a one-feature EAGLE drafter whose feature is
-    among its own: the fusion starts as that feature alone, so the run starts drafting exactly as
-    the saved drafter does and learns what the other layers add."""
+    """A run may grow a saved EAGLE drafter so that it starts drafting exactly as the saved one
+    does and learns only what it adds:
+    - more draft layers: the saved layers come first, the new ones start as init_layer's
+      identity (zero output projections) below the shared final norm;
+    - fused features (EAGLE-3) from a one-feature drafter whose feature is among its own: the
+      fusion starts as that feature alone."""
+    params = {**params, **{k: fresh[k] for k in fresh if k.startswith("layer") and k not in params}}
     if "fuse" in params or "fuse" not in fresh:
       return params
     layer = lambda i: i % (target.n_layers + 1)  # HF indexing: -1 is the last (final-normed)
@@ -130,7 +138,7 @@ class Eagle(Drafter):
     """Feeds the prompt's real entries: feature i with token i + 1, up to the pending token."""
     f = view.prompt_hidden  # [l, b, T, d]
     b, t = f.shape[1:3]
-    cache = KVCache.init(layer_config(config), b, max_len, per_layer=True)
+    cache = KVCache.init(layer_config(config, self.draft_layers), b, max_len, per_layer=True)
     a, cache = _step(params, view.params, config, _fuse(params, f), view.history[:, 1:t + 1],
                      jnp.broadcast_to(jnp.arange(t), (b, t)), cache, llama.causal_mask(b, t))
     pending = view.lengths - 1  # [b]
@@ -228,7 +236,7 @@ class Eagle(Drafter):
       x = jnp.concatenate(xs, 1)  # [b, s t, d] every step's entries so far
       positions = jnp.broadcast_to(jnp.tile(jnp.arange(t), s), (b, s * t))
       mask = jnp.broadcast_to(jnp.asarray(ttt_mask(t, s)), (b, s * t, s * t))
-      y, _ = run_layer(params["layer"], config, x, positions, mask=mask)
+      y, _ = run_layers(_layers(params), config, x, positions, mask=mask)
       a = llama.rms_norm(y[:, -t:], params["norm"], config.norm_eps)  # [b, t, d] step s
       shift = lambda z: jnp.concatenate([z[:, s - 1:], jnp.zeros_like(z[:, :s - 1])], 1)
       z = head(a)  # [b, t, v] (or [b, t, n] trimmed)
@@ -269,9 +277,20 @@ def _entries(params, frozen, config, g, tokens):
 def _step(params, frozen, config, g, tokens, positions, cache: KVCache, new_mask):
   """Appends entries (g [b, t, d], tokens [b, t]) at positions to the draft cache; returns the
   drafter's features a [b, t, d] and the cache. new_mask [b, t, u] as KVCache.attention_mask."""
-  y, cache = run_layer(params["layer"], config, _entries(params, frozen, config, g, tokens), positions,
-                       cache, new_mask)
+  y, cache = run_layers(_layers(params), config, _entries(params, frozen, config, g, tokens),
+                        positions, cache, new_mask)
   return llama.rms_norm(y, params["norm"], config.norm_eps), cache
+
+
+def _layer_key(i: int) -> str:
+  return "layer" if i == 0 else f"layer{i}"
+
+
+def _layers(params) -> list[dict]:
+  """The draft layers' params in order: "layer", "layer1", ... (check_params holds their number
+  to draft_layers)."""
+  n = sum(k.startswith("layer") for k in params)
+  return [params[_layer_key(i)] for i in range(n)]
 
 
 def _fuse(params, f):

@@ -1,7 +1,7 @@
-"""One decoder layer of the target's shape over feature vectors, with its own KV cache.
+"""Decoder layers of the target's shape over feature vectors, with their own KV cache.
 
 The building block of drafters that attend over the target's features: Hydra++'s prefix layer
-and EAGLE's draft layer. It is a llama.Block on the jnp attention path (the drafter's cache is
+and EAGLE's draft layers. Each is a llama.Block on the jnp attention path (the drafter's cache is
 small; the Pallas kernel serves the target).
 
 Dims: b batch, t new entries, u cache slots the mask covers, d model.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
@@ -19,9 +20,10 @@ from speculax.models import llama
 from speculax.models.kvcache import KVCache
 
 
-def layer_config(config):
-  """The layer's config: one decoder layer of the target's, plain XLA attention."""
-  return dataclasses.replace(config, n_layers=1).with_runtime(attention_impl="xla")
+def layer_config(config, n: int = 1):
+  """The layers' config: n decoder layers of the target's, plain XLA attention (a KVCache of
+  this config holds their buffers)."""
+  return dataclasses.replace(config, n_layers=n).with_runtime(attention_impl="xla")
 
 
 @functools.partial(jax.jit, static_argnums=0)  # one compile per config, not an eager op at a time
@@ -35,9 +37,11 @@ def init_layer(config, key: jax.Array) -> dict:
   return {**params, "o": jnp.zeros_like(params["o"]), "down": jnp.zeros_like(params["down"])}
 
 
-def run_layer(params, config, x: jax.Array, positions: jax.Array, cache: KVCache | None = None,
-              mask: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
-  """The layer on x [b, t, d] at positions [b, t] -> ([b, t, d], cache or None).
+def run_layers(layers: Sequence[dict], config, x: jax.Array, positions: jax.Array,
+               cache: KVCache | None = None,
+               mask: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+  """The layers (params of each, in order) on x [b, t, d] at positions [b, t] -> ([b, t, d],
+  cache or None). The cache (per_layer, one buffer per layer) is layer_config(config, n)'s.
 
   mask: without a cache [b, t, t] among the entries; with one [b, t, u] over the last u slots up
   to the new entries (KVCache.attention_mask), the new entries written at cache.lengths on.
@@ -48,8 +52,15 @@ def run_layer(params, config, x: jax.Array, positions: jax.Array, cache: KVCache
   cos, sin = llama.rope_tables(cfg, positions)
   block = llama.Block(cfg)
   if cache is None:
-    out, _ = block.apply({"params": params}, x, None, (cos, sin, None, mask, None))
-    return out, None
+    for params in layers:
+      x, _ = block.apply({"params": params}, x, None, (cos, sin, None, mask, None))
+    return x, None
+  if len(cache.k) != len(layers):
+    raise ValueError(f"a cache of {len(cache.k)} layers cannot serve {len(layers)} layers")
   ctx = (cos, sin, cache.lengths, cache.attention_mask(mask), None)
-  out, ((k, v), _) = block.apply({"params": params}, x, (cache.k[0], cache.v[0]), ctx)
-  return out, cache.replace(k=(k,), v=(v,), lengths=cache.lengths + x.shape[1])
+  ks, vs = [], []
+  for params, k, v in zip(layers, cache.k, cache.v):
+    x, ((k, v), _) = block.apply({"params": params}, x, (k, v), ctx)
+    ks.append(k)
+    vs.append(v)
+  return x, cache.replace(k=tuple(ks), v=tuple(vs), lengths=cache.lengths + x.shape[1])

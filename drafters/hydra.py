@@ -45,7 +45,7 @@ from speculax.core.trees import StaticTree, Tree
 from speculax.core.types import Draft, TargetView, Verified
 from speculax.drafters.base import Drafter
 from speculax.drafters.chain import exit_length
-from speculax.drafters.feature_layer import init_layer, layer_config, run_layer
+from speculax.drafters.feature_layer import init_layer, layer_config, run_layers
 from speculax.drafters.tree_draft import check_heads, grow_tree
 from speculax.models import llama
 from speculax.models.kvcache import KVCache
@@ -85,7 +85,7 @@ class Hydra(Drafter):
     if not self.prefix_attention:
       return HydraState(feats[rows, last], None, config)
     cache = KVCache.init(layer_config(config), b, max_len, per_layer=True)
-    out, cache = run_layer(params["prefix"], config, feats,
+    out, cache = run_layers((params["prefix"],), config, feats,
                               jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), cache)
     # Pad slots past each prompt were written too; the length hides them.
     return HydraState(out[rows, last], cache.with_lengths(view.lengths - 1), config)
@@ -108,7 +108,7 @@ class Hydra(Drafter):
       return state.replace(base=verified.hidden[0][rows, verified.path[rows, n_acc]])
     feats = jnp.take_along_axis(verified.hidden[0], verified.path[..., None], 1)  # [b, p, d]
     positions = state.prefix.lengths[:, None] + jnp.arange(feats.shape[1], dtype=jnp.int32)
-    out, cache = run_layer(params["prefix"], state.config, feats, positions, state.prefix)
+    out, cache = run_layers((params["prefix"],), state.config, feats, positions, state.prefix)
     # The path past n_accepted (padded with its last node) lands beyond the new length.
     return state.replace(base=out[rows, n_acc], prefix=cache.with_lengths(view.lengths - 1))
 
@@ -132,7 +132,7 @@ class Hydra(Drafter):
     t = tokens.shape[1]
     if self.prefix_attention:
       positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), tokens.shape)
-      h, _ = run_layer(params["prefix"], config, h, positions)
+      h, _ = run_layers((params["prefix"],), config, h, positions)
     e = llama.embed(frozen, config, tokens)  # [b, t, d]
     ahead = jnp.stack([jnp.pad(e[:, m:], ((0, 0), (0, m), (0, 0))) for m in
                        range(1, self.n_heads + 1)], 2)  # [b, t, j, d]: ahead[:, i, m - 1] = e_{i+m}

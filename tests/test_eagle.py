@@ -24,9 +24,10 @@ def _params(cfg, params, drafter, seed=1):
   p = drafter.init_params(cfg, jax.random.key(seed))
   keys = iter(jax.random.split(jax.random.key(seed + 1), 8))
   p["fc"] = p["fc"] + jax.random.normal(next(keys), p["fc"].shape) * 0.1
-  # The init's layer is a residual identity (zero output projections): make it attend and mix.
-  p["layer"] = {**p["layer"], **{n: jax.random.normal(next(keys), p["layer"][n].shape) * 0.1
-                                 for n in ("o", "down")}}
+  # The init's layers are residual identities (zero output projections): make them attend, mix.
+  for name in [k for k in p if k.startswith("layer")]:
+    p[name] = {**p[name], **{n: jax.random.normal(next(keys), p[name][n].shape) * 0.1
+                             for n in ("o", "down")}}
   p["accept"] = {"w": jax.random.normal(next(keys), (cfg.d_model,)) * 0.3, "b": jnp.asarray(1.0)}
   if "fuse" in p:
     p["fuse"] = p["fuse"] + jax.random.normal(next(keys), p["fuse"].shape) * 0.1
@@ -35,7 +36,8 @@ def _params(cfg, params, drafter, seed=1):
 
 MODES = {"chain": Eagle(), "static-tree": Eagle(tree=StaticTree.full((3, 2, 1))),
          "dynamic-tree": Eagle(tree=DynamicTree(width=4, depth=3, children=3)),
-         "eagle3": Eagle.eagle3(2), "adaptive": Eagle(stop_threshold=0.5)}
+         "eagle3": Eagle.eagle3(2), "adaptive": Eagle(stop_threshold=0.5),
+         "two-layer": Eagle(draft_layers=2, tree=DynamicTree(width=4, depth=3, children=3))}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -71,9 +73,9 @@ def test_eagle_batch_one_and_sampled_run(tiny, tiny_reference):
   assert all(len(t) == NEW for t in sampled.tokens)
 
 
-@pytest.mark.parametrize("mode", ["chain", "static-tree", "eagle3"])
+@pytest.mark.parametrize("mode", ["chain", "static-tree", "eagle3", "two-layer"])
 def test_eagle_cache_matches_a_recomputation(tiny, mode):
-  """After decoding, the drafter's feature equals a from-scratch pass of the draft layer over
+  """After decoding, the drafter's feature equals a from-scratch pass of the draft layers over
   the real entries (target features, next tokens): the cache kept the right path's entries."""
   cfg, params = tiny
   drafter = MODES[mode]
@@ -94,9 +96,10 @@ def test_eagle_cache_matches_a_recomputation(tiny, mode):
 
 def test_training_time_test_matches_decode_time_drafting(tiny):
   """Step s of the training rollout from r gives the logits chain drafting gives at its s-th
-  draft after the real entries up to r, with the same (teacher-forced) tokens."""
+  draft after the real entries up to r, with the same (teacher-forced) tokens (two draft layers:
+  every layer's cache and mask line up)."""
   cfg, params = tiny
-  drafter = Eagle.eagle3(cfg.n_layers, ttt_steps=3)
+  drafter = Eagle.eagle3(cfg.n_layers, ttt_steps=3, draft_layers=2)
   dparams = _params(cfg, params, drafter)
   tokens = jnp.asarray([sum(PROMPTS, [])[:14]])
   t = tokens.shape[1]
@@ -137,6 +140,23 @@ def test_eagle3_grows_from_an_eagle_drafter(tiny):
   assert not np.allclose(logits(three, averaged), logits(one, p1), atol=1e-3)
   with pytest.raises(ValueError, match=r"layer 0 cannot start a run fusing layers \(1, 2\)"):
     three.warm_params(Eagle(feature_layers=(0,)), p1, three.init_params(cfg), cfg)
+
+
+def test_two_layers_grow_from_one(tiny):
+  """warm_params: a one-layer drafter starts a two-layer one whose second layer is the identity,
+  so both give the same training logits until that layer trains."""
+  cfg, params = tiny
+  one, two = Eagle(), Eagle(draft_layers=2)
+  p1 = _params(cfg, params, one)
+  grown = two.warm_params(one, p1, two.init_params(cfg), cfg)
+  assert sorted(grown) == sorted(two.init_params(cfg))
+  tokens = jnp.asarray([sum(PROMPTS, [])[:14]])
+  _, hidden, _ = llama.forward_jit(params, cfg, tokens, jnp.arange(14)[None], hidden_layers=(-1,))
+  batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.ones((1, 14))}
+  logits = lambda d, p: d.train_outputs(p, params, cfg, batch, jax.random.key(0))["logits"]
+  np.testing.assert_allclose(logits(two, grown), logits(one, p1), rtol=1e-5, atol=1e-5)
+  trained = {**grown, "layer1": _params(cfg, params, two, seed=5)["layer1"]}
+  assert not np.allclose(logits(two, trained), logits(one, p1), atol=1e-3)
 
 
 def test_ttt_mask_structure():
@@ -186,6 +206,9 @@ def test_bad_eagle_input(tiny):
     speculative_generate(params, cfg, [[1, 2]], Eagle(), SpecConfig(k=3), drafter_params=foreign)
   with pytest.raises(ValueError, match="trained on another target"):  # EAGLE-1 params, EAGLE-3
     speculative_generate(params, cfg, [[1, 2]], Eagle.eagle3(2), SpecConfig(k=3),
+                         drafter_params=Eagle().init_params(cfg))
+  with pytest.raises(ValueError, match=r"missing \['layer1/"):  # one layer's params, two
+    speculative_generate(params, cfg, [[1, 2]], Eagle(draft_layers=2), SpecConfig(k=3),
                          drafter_params=Eagle().init_params(cfg))
   with pytest.raises(ValueError, match="needs its trained params"):
     speculative_generate(params, cfg, [[1, 2]], Eagle(), SpecConfig(k=3))

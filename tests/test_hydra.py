@@ -13,7 +13,7 @@ from speculax.core.trees import DynamicTree, StaticTree
 from speculax.core.types import TargetView
 from speculax.decode.config import SpecConfig
 from speculax.decode.speculative import speculative_generate
-from speculax.drafters.feature_layer import run_layer
+from speculax.drafters.feature_layer import run_layers
 from speculax.drafters.hydra import Hydra, draft_heads
 from speculax.drafters.medusa import Medusa
 from speculax.models import llama
@@ -124,7 +124,7 @@ def _fresh_pass(params, dparams, cfg, drafter, tokens):
     return hidden[0], None
   cache = KVCache.init(dataclasses.replace(cfg, n_layers=1), *tokens.shape, jnp.float32,
                        per_layer=True)
-  return run_layer(dparams["prefix"], cfg, hidden[0], positions, cache)
+  return run_layers((dparams["prefix"],), cfg, hidden[0], positions, cache)
 
 
 @pytest.mark.parametrize("tree", [None, StaticTree.full((3, 2, 1))], ids=["chain", "tree"])
