@@ -1,11 +1,11 @@
 """EAGLE (Li et al. 2024): a decoder layer (or a few) that drafts in the target's feature space.
 
-Entry i of the draft layer reads g_i, the target's feature at token i, and the embedding of
-token i + 1 (the target's table, shared): x_i = W [g_i; e(x_{i+1})], then one decoder layer of
-the target's architecture (`draft_layers` of them; the paper's one by default) with its own KV
-cache and a norm give a_i, the predicted feature at
-i + 1, whose logits through the target's output head are the law of token i + 2. Drafting
-continues autoregressively on the drafter's own features: the next entry reads (a_i, e(draft)).
+Entry i of the drafter reads g_i, the target's feature at token i, and the embedding of
+token i + 1 (the target's table, shared): x_i = W [g_i; e(x_{i+1})], then decoder layers of the
+target's architecture (`draft_layers`, the paper's one by default) with their own KV cache and a
+norm give a_i, the predicted feature at i + 1, whose logits through the target's output head are
+the law of token i + 2. Drafting continues autoregressively on the drafter's own features: the
+next entry reads (a_i, e(draft)).
 
 - EAGLE-1: g is the final-normed feature (feature_layers (-1,)); training adds a regression of
   a_i onto the target's feature at i + 1 (feature_weight).

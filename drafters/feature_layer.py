@@ -55,11 +55,9 @@ def run_layers(layers: Sequence[dict], config, x: jax.Array, positions: jax.Arra
     for params in layers:
       x, _ = block.apply({"params": params}, x, None, (cos, sin, None, mask, None))
     return x, None
-  if len(cache.k) != len(layers):
-    raise ValueError(f"a cache of {len(cache.k)} layers cannot serve {len(layers)} layers")
   ctx = (cos, sin, cache.lengths, cache.attention_mask(mask), None)
   ks, vs = [], []
-  for params, k, v in zip(layers, cache.k, cache.v):
+  for params, k, v in zip(layers, cache.k, cache.v, strict=True):
     x, ((k, v), _) = block.apply({"params": params}, x, (k, v), ctx)
     ks.append(k)
     vs.append(v)

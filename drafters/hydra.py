@@ -86,7 +86,7 @@ class Hydra(Drafter):
       return HydraState(feats[rows, last], None, config)
     cache = KVCache.init(layer_config(config), b, max_len, per_layer=True)
     out, cache = run_layers((params["prefix"],), config, feats,
-                              jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), cache)
+                            jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), cache)
     # Pad slots past each prompt were written too; the length hides them.
     return HydraState(out[rows, last], cache.with_lengths(view.lengths - 1), config)
 
