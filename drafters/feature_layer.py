@@ -47,18 +47,12 @@ def run_layers(layers: Sequence[dict], config, x: jax.Array, positions: jax.Arra
   to the new entries (KVCache.attention_mask), the new entries written at cache.lengths on.
   Default causal.
   """
-  cfg = layer_config(config)
+  cfg = layer_config(config, len(layers))
   mask = llama.causal_mask(*x.shape[:2]) if mask is None else mask
   cos, sin = llama.rope_tables(cfg, positions)
-  block = llama.Block(cfg)
   if cache is None:
-    for params in layers:
-      x, _ = block.apply({"params": params}, x, None, (cos, sin, None, mask, None))
-    return x, None
+    return llama.decoder_layers(cfg, tuple(layers), x, None, (cos, sin, None, mask, None),
+                                False)[0], None
   ctx = (cos, sin, cache.lengths, cache.attention_mask(mask), None)
-  ks, vs = [], []
-  for params, k, v in zip(layers, cache.k, cache.v, strict=True):
-    x, ((k, v), _) = block.apply({"params": params}, x, (k, v), ctx)
-    ks.append(k)
-    vs.append(v)
-  return x, cache.replace(k=tuple(ks), v=tuple(vs), lengths=cache.lengths + x.shape[1])
+  x, (k, v), _ = llama.decoder_layers(cfg, tuple(layers), x, cache, ctx, False)
+  return x, cache.replace(k=k, v=v, lengths=cache.lengths + x.shape[1])

@@ -249,8 +249,8 @@ def unstack_layers(params: Params) -> Params:
   return {**params, "layers": tuple(layer(i) for i in range(n))}
 
 
-def _run_layers(config: LlamaConfig, layers, x, cache: KVCache | None, ctx, collect: bool,
-                layer_mask: jax.Array | None = None):
+def decoder_layers(config: LlamaConfig, layers, x, cache: KVCache | None, ctx, collect: bool,
+                   layer_mask: jax.Array | None = None):
   """All decoder layers: a scan over stacked params, or a loop over a tuple of per-layer params.
 
   Returns the output, the updated K/V buffers (or None) and per-layer outputs (or None). The
@@ -348,8 +348,8 @@ def forward(params: Params, config: LlamaConfig, tokens: jax.Array, positions: j
                            if k in params}}
   embedded = top.apply(top_params, tokens, method=Embedder.encode)
   ctx = (*rope_tables(config, positions), lengths, mask, block_mask)
-  x, new_kv, layer_out = _run_layers(config, params["layers"], embedded, cache, ctx, collect,
-                                     layer_mask)
+  x, new_kv, layer_out = decoder_layers(config, params["layers"], embedded, cache, ctx,
+                                        collect, layer_mask)
   logits, final = top.apply(top_params, x, logits_at, output, method=Embedder.decode)
   hidden = _select_hidden(config, hidden_layers, embedded, layer_out, final)
   if cache is not None:
