@@ -1,27 +1,10 @@
 """Tests run on CPU with 8 fake devices so mesh code is exercised without accelerators."""
 import gc
 import os
-import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ["JAX_PLATFORMS"] = "cpu"
-
-# Compiling, not running, is most of this suite's time: five tiny-model modules ran in 74 s with
-# every program already in JAX's persistent cache against 311 s compiling them. XLA:CPU's cheap
-# code generation (no LLVM optimisation, the loop emitters for fusions) compiled the same modules
-# in 142 s, while the real-model tests run ~10% slower with it. Appended to the caller's flags;
-# subprocesses (the CLI, the notebooks' kernels) inherit them, and the persistent cache, which
-# serves programs compiled in another module, worker or earlier run (6% more in one cold run).
-COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
-                 "--xla_cpu_use_fusion_emitters=false")
-if COMPILE_FLAGS not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {COMPILE_FLAGS}".strip()
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
-                      os.path.join(tempfile.gettempdir(), f"speculax-tests-jax-{os.getuid()}"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 << 30))  # bytes; least used go
 
 import jax  # noqa: E402
 

@@ -18,10 +18,9 @@ CELL_TIMEOUT_S = 600  # per cell; a whole notebook takes ~1-3 min on 2 CPU cores
 
 
 def kernel_env(tmp: pathlib.Path) -> dict[str, str]:
-  """The kernel's environment: CPU JAX (with the suite's compile flags, tests/conftest.py), no
-  hub access, matplotlib's inline backend (ipykernel picks it when MPLBACKEND is unset),
-  temporary folders (a notebook's run folders) under `tmp`."""
-  env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
+  """The kernel's environment: CPU JAX, no hub access, matplotlib's inline backend (ipykernel
+  picks it when MPLBACKEND is unset), temporary folders (a notebook's run folders) under `tmp`."""
+  env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "XLA_FLAGS")}
   env.update(JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TMPDIR=str(tmp))
   return env
 
