@@ -9,13 +9,9 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
-# Compiling is ~2/3 of the suite's time (backend compile 3463 s of 5169 s of tests, measured
-# with jax.monitoring, 2026-11-28): programs of tiny models compile for seconds and run for
-# milliseconds. With most of XLA's optimizations off the tests took 0.76x the time, module by
-# module (tiny-model modules 0.5-0.8x; real-model ones 0.9-1.3x, loaders 36 -> 48 s,
-# README snippets 315 -> 297 s). Subprocesses (notebooks, multihost workers) compile as users do.
-# This flag alone, not XLA:CPU's loop emitters as well: with those, tests that train ran up to
-# 5x slower (README).
+# Tiny models' programs compile for seconds and run for milliseconds, so the suite compiles with
+# most of XLA's optimizations off: 0.76x its time (README's CI paragraph has the measurements).
+# Set in-process only: subprocess tests (notebooks, multihost workers) compile as users do.
 jax.config.update("jax_disable_most_optimizations", True)
 
 import pytest  # noqa: E402
