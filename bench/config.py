@@ -24,6 +24,7 @@ from speculax.bench import suites
 from speculax.core import config_files
 from speculax.core.fields import Checked, field
 from speculax.decode import pearl
+from speculax.decode.goodput import Goodput
 from speculax.drafters import registry
 from speculax.models.config import PRECISIONS, AttentionImpl
 
@@ -45,11 +46,17 @@ class Method(Checked):
   # adjacency matrix carried from prompt to prompt, as its paper serves).
   hot: bool = False
   # Goodput-driven draft length (decode/goodput.py): k is the most a step drafts; each step
-  # picks 0..k from step costs calibrated at the panel's batch on its first prompts.
-  goodput: bool = False
+  # picks 0..k from step costs calibrated at the panel's batch on its first prompts. True: the
+  # default policy; or a Goodput of other settings (Goodput(signal=False): one pooled estimate).
+  goodput: bool | Goodput = False
   # PEARL (decode/pearl.py), a draft model drafting while the target verifies: "one-device" or
   # "two-device" (None: draft then verify).
   pearl: str | None = None
+
+  @property
+  def policy(self) -> Goodput | None:
+    """The goodput policy this method decodes with (None: a fixed k)."""
+    return Goodput() if self.goodput is True else self.goodput or None
 
   def __post_init__(self):
     super().__post_init__()
@@ -69,7 +76,7 @@ class Method(Checked):
 
 
 def method(name: str, drafter: str | None = None, *, k: int = 5, set: dict | None = None,
-           hot: bool = False, goodput: bool = False, pearl: str | None = None,
+           hot: bool = False, goodput: bool | Goodput = False, pearl: str | None = None,
            **options) -> Method:
   """Method(name, drafter, k, options, fields=set, hot, goodput, pearl): options as keywords."""
   return Method(name, drafter, k, options, dict(set or {}), hot, goodput, pearl)

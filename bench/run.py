@@ -25,7 +25,6 @@ from speculax.bench.methods import build_drafter, params_mb
 from speculax.core.sampling import SamplingConfig
 from speculax.decode.calibrate import calibrate
 from speculax.decode.config import SpecConfig
-from speculax.decode.goodput import Goodput
 from speculax.models import load as load_lib
 
 
@@ -67,7 +66,7 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
       drafter, dparams = built.get(m.name, (None, None))
       spec = SpecConfig(k=m.k, max_new_tokens=cfg.new_tokens,
                         sampling=SamplingConfig(temperature=temperature),
-                        goodput=Goodput() if m.goodput else None)
+                        goodput=m.policy)
       bar.set_postfix_str(f"{suite} b{batch} {sampling_name(temperature)}: {m.name}")
       costs = None if not m.goodput else calibrate(
           model.params, model.config, chunk[:batch], drafter, spec, dparams)

@@ -2,9 +2,9 @@
 0..K that maximises the batch's expected tokens per second, and k = 0 is a plain decoding step
 (no draft, one target token per row).
 
-Expected tokens of a step drafting k: 1 + sum_{j<=k} prod_{i<=j} a_i, with a_i the running
-estimate of P(draft i kept | drafts before it kept), pooled over the batch's active rows;
-its cost: the measured seconds of one loop step drafting k at this batch (the step costs,
+Expected tokens of a step drafting k: summed over the batch's active rows, 1 + sum_{j<=k}
+prod_{i<=j} a_i, with a_i the running estimate of P(draft i kept | drafts before it kept) for
+the row's signal bin (below); its cost: the measured seconds of one loop step drafting k at this batch (the step costs,
 decode/calibrate.py measures them). The costs are data of the loop state, not of its static
 config: one compiled loop serves any costs, so calibration times the serving loop itself and
 a measured cost vector is reused across calls. A cost of +inf takes that length out of the
@@ -12,7 +12,15 @@ choice (calibration forces one length at a time this way). The choice is an argm
 numbers inside the jitted loop, and the loop runs the chosen step's own program (lax.switch),
 so a short draft pays only its own drafting and verify forward.
 
-The estimate decays at every step that drafts (older outcomes weigh less), towards a prior
+The estimate is kept per bin of the drafter's own signal, what it knows of its next draft before
+drafting it (`Drafter.signal`: prompt lookup's match length, EAGLE's first-draft confidence;
+one bin for a drafter without one): a step's expected tokens sum each row's from its bin's
+estimate, so a batch whose rows found nothing to copy takes a plain step and one whose rows
+found long matches drafts long, where one pooled estimate would draft the same k for both.
+Each bin's estimate leans on the pooled one (its prior) until its own counts outweigh it.
+
+The estimate decays at every step that drafts (older outcomes weigh less; a bin only where the
+step had rows in it), towards a prior
 (position i's: the estimate of position i - 1). A plain step observes nothing and leaves it as
 it is; after `probe_every` plain steps in a row the next step drafts one token, so a drafter
 that stopped paying is re-checked at the price of one short step (not a long draft on a prior
@@ -20,7 +28,7 @@ grown optimistic again), and one that got better is noticed (the probe takes the
 drafting length whose cost is finite). The choice reads only past verify
 outcomes, so output stays lossless whatever it picks.
 
-Dims: b batch, K the most drafts a step may take.
+Dims: b batch, K the most drafts a step may take, c signal bins.
 """
 from __future__ import annotations
 
@@ -45,6 +53,8 @@ class Goodput(Checked):
   prior_acceptance: float = field(1.0, gt=0, le=1)
   # Plain steps in a row after which the next step drafts one token (a probe of the drafter).
   probe_every: int = field(16, ge=1)
+  # Estimates per bin of the drafter's signal (False: one estimate pooled over every row).
+  signal: bool = True
 
 
 def step_costs(costs, k: int) -> np.ndarray:
@@ -68,58 +78,70 @@ def forcing(k: int, n_lengths: int) -> np.ndarray:
 
 @flax.struct.dataclass
 class GoodputState:
-  kept: jax.Array  # [K] float32 decayed count of row-steps that kept draft i
-  reached: jax.Array  # [K] float32 decayed count of row-steps that checked draft i, all before it kept
+  kept: jax.Array  # [c, K] float32 decayed count of row-steps that kept draft i
+  reached: jax.Array  # [c, K] float32 decayed count of row-steps that checked draft i, all before it kept
   steps: jax.Array  # [K + 1] int32 loop steps that drafted k
   plain_run: jax.Array  # [] int32 plain steps since the last one that drafted
   step_costs: jax.Array  # [K + 1] float32 seconds of a step drafting k (+inf: never)
+  bins: jax.Array  # [b] int32 each row's signal bin for the next step (-1: the row is done)
 
   @classmethod
-  def init(cls, step_costs: jax.Array) -> GoodputState:
+  def init(cls, step_costs: jax.Array, bins: jax.Array, n_bins: int) -> GoodputState:
     k = step_costs.shape[0] - 1
-    return cls(jnp.zeros((k,), jnp.float32), jnp.zeros((k,), jnp.float32),
+    return cls(jnp.zeros((n_bins, k), jnp.float32), jnp.zeros((n_bins, k), jnp.float32),
                jnp.zeros((k + 1,), jnp.int32), jnp.zeros((), jnp.int32),
-               jnp.asarray(step_costs, jnp.float32))
+               jnp.asarray(step_costs, jnp.float32), jnp.asarray(bins, jnp.int32))
 
 
 def acceptance(goodput: Goodput, state: GoodputState) -> jax.Array:
-  """[K] estimated P(draft i kept | drafts before it kept).
+  """[c, K] estimated P(draft i kept | drafts before it kept), per signal bin.
 
-  Each position's prior is the estimate of the one before it (the first's: prior_acceptance),
-  so a deep position that short steps rarely reach reads like the shallower ones, not like the
-  optimistic prior: otherwise every long draft looks nearly free of rejections and the loop
-  keeps drafting long with a drafter whose first draft is kept a third of the time.
+  The pooled estimate: each position's prior is the pooled estimate of the one before it (the
+  first's: prior_acceptance), so a deep position that short steps rarely reach reads like the
+  shallower ones, not like the optimistic prior: otherwise every long draft looks nearly free
+  of rejections and the loop keeps drafting long with a drafter whose first draft is kept a
+  third of the time. A bin's prior at each position is the pooled estimate there (one bin: the
+  pooled estimate itself).
   """
+  kept, reached = state.kept.sum(0), state.reached.sum(0)  # [K]
   alphas, before = [], goodput.prior_acceptance
-  for i in range(state.kept.shape[0]):
-    before = (state.kept[i] + goodput.prior * before) / (state.reached[i] + goodput.prior)
+  for i in range(kept.shape[0]):
+    before = (kept[i] + goodput.prior * before) / (reached[i] + goodput.prior)
     alphas.append(before)
-  return jnp.stack(alphas)
+  pooled = jnp.stack(alphas)  # [K]
+  if state.kept.shape[0] == 1:
+    return pooled[None]
+  return (state.kept + goodput.prior * pooled) / (state.reached + goodput.prior)
 
 
 def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
-  """[] int32 the k with the highest expected tokens per second (ties: the shorter; a length
-  of infinite cost rates 0), or after probe_every plain steps in a row the shortest drafting
-  length of finite cost."""
-  rate = expected_tokens(acceptance(goodput, state)) / state.step_costs
-  best = jnp.argmax(rate).astype(jnp.int32)
+  """[] int32 the k with the highest expected tokens per second for the rows' bins (ties: the
+  shorter; a length of infinite cost rates 0), or after probe_every plain steps in a row the
+  shortest drafting length of finite cost."""
+  rows = jax.nn.one_hot(state.bins, state.kept.shape[0]).sum(0)  # [c] rows per bin (done: none)
+  tokens = rows @ expected_tokens(acceptance(goodput, state))  # [K + 1] summed over rows
+  best = jnp.argmax(tokens / state.step_costs).astype(jnp.int32)
   may_draft = jnp.isfinite(state.step_costs[1:])  # [K]
   probe = (best == 0) & (state.plain_run >= goodput.probe_every) & may_draft.any()
   return jnp.where(probe, 1 + jnp.argmax(may_draft).astype(jnp.int32), best)
 
 
 def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
-            n_accepted: jax.Array, active: jax.Array) -> GoodputState:
+            n_accepted: jax.Array, bins: jax.Array) -> GoodputState:
   """After a step that drafted k (static): checked [b] drafts each row's verify looked at (k, or
-  fewer with an adaptive length), n_accepted [b] kept, active [b] rows still decoding. A plain
-  step (k = 0) leaves the estimate as it is and counts towards the next probe."""
+  fewer with an adaptive length), n_accepted [b] kept, counted in the bin each row had before
+  the step (rows done before it count nothing); bins [b] the rows' bins for the next step. A
+  plain step (k = 0) leaves the estimate as it is and counts towards the next probe."""
   steps = state.steps.at[k].add(1)
   if k == 0:
-    return state.replace(steps=steps, plain_run=state.plain_run + 1)
-  pos = jnp.arange(state.kept.shape[0])[None]  # [1, K]
-  reached = active[:, None] & (pos < checked[:, None]) & (pos <= n_accepted[:, None])  # [b, K]
+    return state.replace(steps=steps, plain_run=state.plain_run + 1, bins=bins)
+  pos = jnp.arange(state.kept.shape[1])[None]  # [1, K]
+  reached = (pos < checked[:, None]) & (pos <= n_accepted[:, None])  # [b, K]
   kept = reached & (pos < n_accepted[:, None])
+  row_bin = jax.nn.one_hot(state.bins, state.kept.shape[0]).T  # [c, b], a done row all zero
+  # Only the bins this step saw decay: a bin rarely met keeps what it learnt.
+  decay = jnp.where(row_bin.any(1), goodput.decay, 1.0)[:, None]  # [c, 1]
   return state.replace(
-      kept=goodput.decay * state.kept + kept.sum(0),
-      reached=goodput.decay * state.reached + reached.sum(0),
-      steps=steps, plain_run=jnp.zeros_like(state.plain_run))
+      kept=decay * state.kept + row_bin @ kept,
+      reached=decay * state.reached + row_bin @ reached,
+      steps=steps, plain_run=jnp.zeros_like(state.plain_run), bins=bins)

@@ -102,18 +102,29 @@ def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Draft
   history, lengths, n_emit, hit_eos = emit(out, n_acc + 1, s, spec.eos_ids)
   cache = cache.with_lengths(lengths - 1)
   # A drafter that proposed nothing still sees the step (Verified of the pending token alone).
-  dstate = drafter.update(dparams, dstate, TargetView(params, cache, history, lengths), verified)
+  after = TargetView(params, cache, history, lengths)
+  dstate = drafter.update(dparams, dstate, after, verified)
   n_out = s.n_out + n_emit
+  done = s.done | (active & hit_eos) | (n_out >= s.budget)
   accepted = jnp.arange(width - 1)[None] < jnp.minimum(n_acc, n_emit)[:, None]  # [b, depth]
   accepted_at = s.accepted_at.at[:width - 1].add(accepted.sum(0))  # goodput: k <= spec.k
   gstate = s.goodput if spec.goodput is None else goodput.observe(
-      spec.goodput, s.goodput, k, jnp.broadcast_to(checked, (b,)), n_acc, active)
+      spec.goodput, s.goodput, k, jnp.broadcast_to(checked, (b,)), n_acc,
+      row_bins(spec, drafter, dparams, dstate, after, config, done))
   return s.replace(
       cache=cache, history=history, lengths=lengths, n_out=n_out, drafter=dstate, key=key,
-      done=s.done | (active & hit_eos) | (n_out >= s.budget),
-      forwards=s.forwards + 1, row_steps=s.row_steps + active.sum(),
+      done=done, forwards=s.forwards + 1, row_steps=s.row_steps + active.sum(),
       step_tokens=s.step_tokens + n_emit.sum(), accepted_at=accepted_at,
       drafted=s.drafted + jnp.where(active, checked, 0).sum(), goodput=gstate)
+
+
+def row_bins(spec: SpecConfig, drafter: Drafter, dparams, dstate, view: TargetView,
+                config: LlamaConfig, done: jax.Array) -> jax.Array:
+  """[b] int32 each row's bin of the drafter's signal for goodput's next choice (-1: done; 0
+  for every row when spec.goodput pools them)."""
+  if spec.goodput.signal:
+    return jnp.where(done, -1, drafter.signal(dparams, dstate, view, config))
+  return jnp.where(done, -1, 0)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "drafter"), donate_argnames=("state",))
@@ -161,15 +172,18 @@ def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidd
   hidden states); step_costs [k + 1] (goodput runs, else None)."""
   key, history, lengths, n_out, done = begin(key, tokens, lengths, logits, spec, max_len, budget)
   view = TargetView(params, cache, history, lengths, prompt_hidden=hidden)
+  dstate = drafter.init(dparams, view, config, max_len)
+  gstate = None if spec.goodput is None else goodput.GoodputState.init(
+      step_costs, row_bins(spec, drafter, dparams, dstate, view, config, done),
+      drafter.signal_bins if spec.goodput.signal else 1)
   return SpecState(
       cache=cache, history=history, lengths=lengths, n_out=n_out, done=done,
-      drafter=drafter.init(dparams, view, config, max_len), key=key,
+      drafter=dstate, key=key,
       forwards=jnp.ones((), jnp.int32), row_steps=jnp.zeros((), jnp.int32),
       step_tokens=jnp.zeros((), jnp.int32),
       accepted_at=jnp.zeros((block_shape(drafter, spec)[1],), jnp.int32),
       drafted=jnp.zeros((), jnp.int32),
-      goodput=None if spec.goodput is None else goodput.GoodputState.init(step_costs),
-      budget=budget)
+      goodput=gstate, budget=budget)
 
 
 def warm_states(state: SpecState) -> Iterator[SpecState]:

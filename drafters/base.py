@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
+import jax.numpy as jnp
 
 from speculax.core.fields import Checked
 from speculax.core.sampling import SamplingConfig
@@ -130,6 +131,20 @@ class Drafter(Checked, abc.ABC):
   def update(self, params, state, view: TargetView, verified: Verified) -> Any:
     """After verification: view has the new history and lengths."""
     return state
+
+  # --- what goodput-driven draft length reads (decode/goodput.py) ---
+
+  @property
+  def signal_bins(self) -> int:
+    """How many values `signal` takes (1: no signal; goodput pools every row's outcomes)."""
+    return 1
+
+  def signal(self, params, state, view: TargetView, config: LlamaConfig) -> jax.Array:
+    """[b] int32 in [0, signal_bins): what the drafter knows of its next draft before drafting
+    it, read off its state after `update` (or `init`) and view.history, on prepared params.
+    Goodput keeps an acceptance estimate per value, so it should sort rows by how likely their
+    drafts are kept."""
+    return jnp.zeros(view.lengths.shape, jnp.int32)
 
   # --- trained drafters (train/heads.py) ---
 

@@ -49,6 +49,15 @@ def ngram_propose(
   return draft, found
 
 
+def match_length(history: jax.Array, lengths: jax.Array, *, max_ngram: int,
+                 min_ngram: int) -> jax.Array:
+  """[b] int32 the n of the match ngram_propose drafts from, 0 where it finds none (the same
+  inputs, k aside)."""
+  _check_args(history, lengths, max_ngram=max_ngram, min_ngram=min_ngram, k=1)
+  n_best = _best_match_end(history, lengths, max_ngram)[1]  # [b]
+  return jnp.where(n_best >= min_ngram, n_best, 0)
+
+
 def _check_args(history, lengths, *, max_ngram, min_ngram, k) -> None:
   """Host-side checks of the static settings and (static) shapes."""
   for name, value in (("k", k), ("min_ngram", min_ngram), ("max_ngram", max_ngram)):

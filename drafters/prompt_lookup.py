@@ -7,7 +7,7 @@ from typing import ClassVar
 from speculax.core.fields import field
 from speculax.core.types import Draft, TargetView
 from speculax.drafters.base import Drafter
-from speculax.drafters.ngram import ngram_propose
+from speculax.drafters.ngram import match_length, ngram_propose
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,3 +31,12 @@ class PromptLookup(Drafter):
     tokens, _ = ngram_propose(view.history, view.lengths, max_ngram=self.max_ngram,
                               min_ngram=self.min_ngram, k=k)
     return Draft(tokens=tokens, probs=None), state, view
+
+  @property
+  def signal_bins(self) -> int:
+    return self.max_ngram + 1
+
+  def signal(self, params, state, view: TargetView, config):
+    """The length of the n-gram match the next draft continues (0: none, the draft is junk)."""
+    return match_length(view.history, view.lengths, max_ngram=self.max_ngram,
+                        min_ngram=self.min_ngram)

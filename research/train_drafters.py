@@ -17,6 +17,9 @@ to the folder name --ship gives.
   # loss and held-out metrics on the answers only (the prompts as context):
   .venv/bin/python -m speculax.research.train_drafters --drafters eagle_ttt --learn answers \
       --tag answers
+  # the shipped EAGLE + TTT trained on: 600 more updates on twice the answers
+  .venv/bin/python -m speculax.research.train_drafters --drafters eagle_ttt --prompts 2400 \
+      --rows 2800 --init-from results/drafters/eagle-ttt-smollm2 --steps 600 --tag more2800
   # no training: answer 2400 training prompts (the recipe uses 1200), resumable
   .venv/bin/python -m speculax.research.train_drafters --prompts 2400 --corpus-only
   # no training: a drafter folder's held-out figures, here on the answers only
@@ -57,6 +60,8 @@ def _experiment(name: str, args):
                                                            for k, v in args.option))
   if args.steps:
     distill = dataclasses.replace(distill, optim=distill.optim.with_total_steps(args.steps))
+  if args.init_from:
+    exp = dataclasses.replace(exp, init_from=args.init_from)
   for data_field, value in (("learn", args.learn), ("prompts", args.prompts),
                             ("rows", args.rows)):
     if value:
@@ -138,6 +143,9 @@ def main():
   ap.add_argument("--evaluate", default=None, metavar="FOLDER",
                   help="train nothing: the held-out figures of this drafter (a finished run or a "
                        "shipped drafter of the --drafters kind) under the experiment's data")
+  ap.add_argument("--init-from", default=None, metavar="FOLDER",
+                  help="start from this finished run or shipped drafter of the same kind "
+                       "(default: the experiment's own start)")
   ap.add_argument("--tag", default="", help="suffix of the run folders (runs/<name>-<tag>)")
   ap.add_argument("--ship", nargs="?", const="", default=None, metavar="NAME",
                   help=f"copy finished drafters to {SHIPPED}/<name>-smollm2 in bfloat16 (or to "

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import test_speculative_sampling as sampling_test
 from test_bench import Bytes
+from test_eagle import _params as eagle_params
 from test_multi_draft import _target_laws
 
 from speculax import api
@@ -26,6 +27,7 @@ from speculax.decode.goodput import Goodput, GoodputState
 from speculax.decode.speculative import spec_loop, speculative_generate
 from speculax.drafters.base import Drafter
 from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.eagle import Eagle
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models import llama
@@ -37,20 +39,22 @@ COSTS = (1.0, 1.3, 1.6, 1.9)  # seconds of a step drafting k = 0..3: drafting pa
 INF = float("inf")
 
 
-def _state(kept, reached, costs=COSTS, plain_run=0):
-  return GoodputState(jnp.asarray(kept, jnp.float32), jnp.asarray(reached, jnp.float32),
-                      jnp.zeros((len(costs),), jnp.int32), jnp.array(plain_run),
-                      jnp.asarray(costs, jnp.float32))
+def _state(kept, reached, costs=COSTS, plain_run=0, bins=(0,)):
+  """One signal bin (kept, reached [K]) or several ([c, K]); one active row in bin 0."""
+  as2 = lambda x: jnp.atleast_2d(jnp.asarray(x, jnp.float32))  # [c, K]
+  return GoodputState(as2(kept), as2(reached), jnp.zeros((len(costs),), jnp.int32),
+                      jnp.array(plain_run), jnp.asarray(costs, jnp.float32),
+                      jnp.asarray(bins, jnp.int32))
 
 
 def test_choice_follows_acceptance_and_costs():
   g = Goodput()
   sure = _state([50.0] * 3, [50.0] * 3)
   assert int(goodput.choose(g, sure)) == 3  # all kept: 4 tokens for 1.9 s
-  never = sure.replace(kept=jnp.zeros((3,)))
+  never = sure.replace(kept=jnp.zeros((1, 3)))
   assert int(goodput.choose(g, never)) == 0
   # a_1 = 0.8 (40 + 1) / (50 + 1), the rest ~0: k = 1 gives 1.8 / 1.3 > 1 / 1.0
-  first = never.replace(kept=jnp.array([40.0 - 0.2, 0.0, 0.0]))
+  first = never.replace(kept=jnp.array([[40.0 - 0.2, 0.0, 0.0]]))
   assert int(goodput.choose(g, first)) == 1
   dear = first.replace(step_costs=jnp.array([1.0, 1.9, 2.8, 3.7]))
   assert int(goodput.choose(g, dear)) == 0  # drafting too dear
@@ -87,28 +91,60 @@ def test_unreached_positions_read_like_the_one_before():
   (1.48 / 1.9 s; with a prior of 1 on drafts 2-3 it would be 2.0 / 1.9 s, the best)."""
   g = Goodput()
   s = _state([6.0, 0.0, 0.0], [20.0, 0.0, 0.0])
-  np.testing.assert_allclose(goodput.acceptance(g, s), [7 / 21] * 3, rtol=1e-6)
+  np.testing.assert_allclose(goodput.acceptance(g, s), [[7 / 21] * 3], rtol=1e-6)
   assert int(goodput.choose(g, s)) == 1
   # a reached position weighs its own counts against the one before it: (4 + 1/3) / (5 + 1)
-  deep = s.replace(kept=jnp.array([6.0, 4.0, 0.0]), reached=jnp.array([20.0, 5.0, 0.0]))
-  np.testing.assert_allclose(goodput.acceptance(g, deep)[1], (4 + 1 / 3) / 6, rtol=1e-6)
+  deep = _state([6.0, 4.0, 0.0], [20.0, 5.0, 0.0])
+  np.testing.assert_allclose(goodput.acceptance(g, deep)[0, 1], (4 + 1 / 3) / 6, rtol=1e-6)
 
 
 def test_observe_counts_reached_and_kept_positions():
   g = Goodput(decay=0.5)
-  s = _state([1.0] * 3, [2.0] * 3, plain_run=5)
+  s = _state([1.0] * 3, [2.0] * 3, plain_run=5, bins=[0, 0, 0, -1])
+  nxt = jnp.array([0, 0, -1, -1])  # row 2 finished in the step
   # a plain step observes nothing: the counts stay, and it counts towards the next probe
-  plain = goodput.observe(g, s, 0, jnp.zeros((4,), jnp.int32), jnp.zeros((4,), jnp.int32),
-                          jnp.ones((4,), bool))
+  plain = goodput.observe(g, s, 0, jnp.zeros((4,), jnp.int32), jnp.zeros((4,), jnp.int32), nxt)
   np.testing.assert_allclose(plain.kept, s.kept)
   np.testing.assert_allclose(plain.reached, s.reached)
   assert plain.steps.tolist() == [1, 0, 0, 0] and int(plain.plain_run) == 6
-  # rows: 0 kept nothing of 3; 1 kept 2 of 3; 2 (adaptive length 1) kept 1; 3 done.
-  s = goodput.observe(g, s, 3, jnp.array([3, 3, 1, 3]), jnp.array([0, 2, 1, 3]),
-                      jnp.array([True, True, True, False]))
-  np.testing.assert_allclose(s.reached, 0.5 * 2 + np.array([3, 1, 1]))  # 1 row reached draft 3
-  np.testing.assert_allclose(s.kept, 0.5 * 1 + np.array([2, 1, 0]))
+  assert plain.bins.tolist() == nxt.tolist()
+  # rows: 0 kept nothing of 3; 1 kept 2 of 3; 2 (adaptive length 1) kept 1; 3 done before.
+  s = goodput.observe(g, s, 3, jnp.array([3, 3, 1, 3]), jnp.array([0, 2, 1, 3]), nxt)
+  np.testing.assert_allclose(s.reached, [0.5 * 2 + np.array([3, 1, 1])])  # 1 row reached draft 3
+  np.testing.assert_allclose(s.kept, [0.5 * 1 + np.array([2, 1, 0])])
   assert s.steps.tolist() == [0, 0, 0, 1] and int(s.plain_run) == 0
+  assert s.bins.tolist() == nxt.tolist()
+
+
+def test_observe_counts_each_row_in_its_signal_bin():
+  g = Goodput(decay=0.5)
+  s = _state([[2, 0], [4, 2], [2, 2]], [[2, 2], [4, 4], [2, 2]], costs=COSTS[:3],
+             bins=[2, 0, 2, -1])
+  s = goodput.observe(g, s, 2, jnp.array([2, 2, 2, 2]), jnp.array([2, 0, 1, 2]),
+                      jnp.array([1, 1, 0, -1]))
+  # bins 0 and 2 had rows: they decay and count them; bin 1 had none and keeps its counts; row 3
+  # was done before the step and counts nowhere
+  np.testing.assert_allclose(s.reached, [[1 + 1, 1 + 0], [4, 4], [1 + 2, 1 + 2]])
+  np.testing.assert_allclose(s.kept, [[1 + 0, 0 + 0], [4, 2], [1 + 2, 1 + 1]])
+  assert s.bins.tolist() == [1, 1, 0, -1]
+
+
+def test_choice_weighs_each_row_by_its_bin():
+  """Bin 0's first draft is never kept, bin 1's always (50 row-steps each): rows all in bin 0
+  take a plain step, rows all in bin 1 draft 3, where one pooled estimate (a_1 = 0.5, then 1:
+  2.5 tokens for 1.9 s) drafts 3 for both; a bin never seen reads the pooled estimate; done
+  rows (-1) weigh nothing."""
+  g = Goodput()
+  kept = [[0.0] * 3, [50.0] * 3]
+  s = _state(kept, [[50.0, 0.0, 0.0], [50.0] * 3], bins=[0, 0])
+  assert int(goodput.choose(g, s)) == 0
+  assert int(goodput.choose(g, s.replace(bins=jnp.array([1, 1])))) == 3
+  assert int(goodput.choose(g, s.replace(bins=jnp.array([1, -1])))) == 3
+  pooled = _state(np.sum(kept, 0), [100.0, 50.0, 50.0], bins=[0, 0])
+  assert int(goodput.choose(g, pooled)) == 3
+  unseen = _state(kept + [[0.0] * 3], [[50.0, 0, 0], [50.0] * 3, [0.0] * 3], bins=[2])
+  np.testing.assert_allclose(goodput.acceptance(g, unseen)[2], goodput.acceptance(g, pooled)[0],
+                             rtol=1e-6)
 
 
 @pytest.mark.parametrize("costs,match", [
@@ -152,6 +188,27 @@ class Contrary(Drafter):
     return Draft(jnp.broadcast_to(wrong[:, None], (wrong.shape[0], k)), None), state, view
 
 
+@dataclasses.dataclass(frozen=True)
+class EveryThird(Drafter):
+  """Drafts the target's own greedy token where the pending token's position is a multiple of 3
+  and one past it elsewhere (its later drafts one past the first), and says which as its
+  signal: a drafter that knows before drafting whether its first draft will be kept."""
+  name: ClassVar[str] = "every-third"
+  summary: ClassVar[str] = "test drafter"
+  signal_bins: ClassVar[int] = 2
+
+  def propose(self, params, state, view: TargetView, key, config, k: int, sampling):
+    logits, _, _ = llama.forward(view.params, config, view.pending[:, None],
+                                 (view.lengths - 1)[:, None], view.cache)
+    own = jnp.argmax(logits[:, 0], -1)  # [b]
+    first = jnp.where(self.signal(params, state, view, config) == 1, own, own + 1)
+    tokens = (first[:, None] + jnp.minimum(jnp.arange(k), 1)) % config.vocab_size  # [b, k]
+    return Draft(tokens.astype(jnp.int32), None), state, view
+
+  def signal(self, params, state, view: TargetView, config):
+    return ((view.lengths - 1) % 3 == 0).astype(jnp.int32)
+
+
 def _run(tiny, drafter, dparams=None, prompts=PROMPTS[:4], new=48, **settings):
   cfg, params = tiny
   spec = SpecConfig(k=3, max_new_tokens=new, goodput=Goodput(**settings))
@@ -177,6 +234,50 @@ def test_prompt_lookup_on_a_repeating_target_drafts_long(tiny, tiny_reference):
   out = _run(tiny, PromptLookup(max_ngram=3), prompts=PROMPTS, new=NEW)
   assert out.tokens == [list(t) for t in tiny_reference]
   assert out.k_steps[0] == 0 and out.mean_k > 2.0, out.k_steps  # of at most 3
+
+
+def test_signal_bins_skip_the_drafts_they_predict_rejected(tiny, tiny_reference):
+  """EveryThird's first draft is kept exactly where its signal says so. Pooled, half the first
+  drafts are kept (1.5 tokens for 1.3 s beats a plain step), so every step drafts and every
+  other one wastes its draft; per bin, the loop drafts one token where the signal says kept and
+  takes a plain step elsewhere, rejecting only while it learns. Greedy equality either way."""
+  rejected = {}
+  for signal in (False, True):
+    out = _run(tiny, EveryThird(), prompts=PROMPTS[1:2], new=36, signal=signal)
+    assert out.tokens == [list(tiny_reference[1]) + out.tokens[0][NEW:]]  # its first NEW
+    rejected[signal] = out.k_steps[1:].sum() - out.accepted_at[0]  # first drafts not kept
+    if signal:
+      assert out.k_steps[0] >= 8 and out.k_steps[1] >= 8, out.k_steps
+  assert rejected[False] >= 8 and rejected[True] <= 3, rejected
+
+
+def test_eagle_by_its_confidence_equals_target_only(tiny, tiny_reference):
+  """EAGLE's goodput loop, rows weighed by their first draft's confidence: the target's own
+  greedy tokens, with steps of several lengths."""
+  cfg, params = tiny
+  out = _run(tiny, Eagle(), eagle_params(cfg, params, Eagle()), new=NEW, decay=0.6)
+  assert out.tokens == [list(t) for t in tiny_reference[:4]]
+  assert (out.k_steps > 0).sum() >= 2, out.k_steps
+
+
+def test_eagle_signal_is_its_first_drafts_confidence(tiny):
+  """EAGLE's bin is the first draft's top probability in quarters, that draft's logits read
+  through the target's output layer independently here."""
+  cfg, params = tiny
+  drafter = Eagle()
+  dparams = drafter.init_params(cfg, jax.random.key(3))
+  dparams["norm"] = dparams["norm"] * 30.0  # sharper logits: a spread of confidences
+  history = jnp.asarray([p[:3] + [0] * 5 for p in PROMPTS if len(p) >= 3], jnp.int32)
+  b = history.shape[0]
+  lengths = jnp.full((b,), 3, jnp.int32)
+  _, hidden, _ = llama.forward_jit(params, cfg, history[:, :2], jnp.broadcast_to(jnp.arange(2),
+                                   (b, 2)), hidden_layers=drafter.hidden_layers)
+  view = TargetView(params, None, history, lengths, prompt_hidden=hidden)
+  state = drafter.init(dparams, view, cfg, 8)
+  top = jax.nn.softmax(llama.lm_head(params, cfg, state.feature), -1).max(-1)  # [b]
+  got = drafter.signal(drafter.prepare(dparams, params, cfg), state, view, cfg)
+  np.testing.assert_array_equal(got, np.minimum(np.floor(np.asarray(top) * 4), 3))
+  assert drafter.signal_bins == 4 and len(set(got.tolist())) > 1, (got, top)
 
 
 def test_mixed_lengths_with_a_draft_model_equal_target_only(tiny, tiny_reference):

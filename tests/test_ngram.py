@@ -6,11 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.drafters.ngram import ngram_propose
+from speculax.drafters.ngram import match_length, ngram_propose
 
 
 def _reference(row, length, max_ngram, min_ngram, k):
-  """Longest n first, then the most recent earlier occurrence; extend past the end by period."""
+  """(draft, n of the match, 0: none): longest n first, then the most recent earlier
+  occurrence; extend past the end by period."""
   h = [int(x) for x in row[:length]]
   for n in range(max_ngram, min_ngram - 1, -1):
     suffix = h[length - n:] if length >= n else None
@@ -20,8 +21,8 @@ def _reference(row, length, max_ngram, min_ngram, k):
         period = length - j - n
         while len(out) < k:
           out.append(out[len(out) - period])
-        return out, True
-  return [h[length - 1]] * k, False
+        return out, n
+  return [h[length - 1]] * k, 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,11 +50,13 @@ def test_matches_reference_on_random_histories(max_ngram, min_ngram, k):
   lengths = rng.integers(1, s + 1, size=b).astype(np.int32)
   lengths[:4] = [1, 2, s, s]
   draft, found = _jitted(max_ngram, min_ngram, k)(jnp.asarray(history), jnp.asarray(lengths))
-  draft, found = np.asarray(draft), np.asarray(found)
+  n = match_length(jnp.asarray(history), jnp.asarray(lengths), max_ngram=max_ngram,
+                   min_ngram=min_ngram)  # [b] prompt lookup's goodput signal
+  draft, found, n = np.asarray(draft), np.asarray(found), np.asarray(n)
   assert draft.shape == (b, k) and draft.dtype == np.int32 and found.dtype == bool
   for i in range(b):
-    want, want_found = _reference(history[i], lengths[i], max_ngram, min_ngram, k)
-    assert found[i] == want_found, (i, history[i, :lengths[i]])
+    want, want_n = _reference(history[i], lengths[i], max_ngram, min_ngram, k)
+    assert found[i] == (want_n > 0) and n[i] == want_n, (i, history[i, :lengths[i]])
     assert draft[i].tolist() == want, (i, history[i, :lengths[i]])
   assert found.any() and not found.all()
 

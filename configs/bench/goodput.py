@@ -1,19 +1,25 @@
 """Goodput-driven draft length (SmartSpec) against fixed k, batch 1 and 8, greedy: prompt lookup
-and the shipped EAGLE drafter, and a drafter that is rarely accepted (a one-layer cut of the
-target as draft model), where goodput should settle on plain decoding.
+and the shipped EAGLE drafter, each with acceptance estimated per bin of the drafter's signal
+(the default: prompt lookup's match length, EAGLE's first-draft confidence) and pooled over
+all rows, and a drafter that is rarely accepted (a one-layer cut of the target as draft model),
+where goodput should settle on plain decoding.
 speculax bench --config goodput"""
 from speculax.bench.config import BenchConfig, method
+from speculax.decode.goodput import Goodput
 
 EAGLE = "results/drafters/eagle-ttt-smollm2"
+POOLED = Goodput(signal=False)
 
 BENCH = BenchConfig(
     methods=(
         method("prompt lookup k=1", "prompt-lookup", k=1),
         method("prompt lookup k=4", "prompt-lookup", k=4),
         method("prompt lookup goodput k<=4", "prompt-lookup", k=4, goodput=True),
+        method("prompt lookup goodput k<=4, pooled", "prompt-lookup", k=4, goodput=POOLED),
         method("eagle-ttt k=1", "eagle", k=1, heads=EAGLE),
         method("eagle-ttt k=2", "eagle", k=2, heads=EAGLE),
         method("eagle-ttt goodput k<=4", "eagle", k=4, heads=EAGLE, goodput=True),
+        method("eagle-ttt goodput k<=4, pooled", "eagle", k=4, heads=EAGLE, goodput=POOLED),
         method("1-layer cut k=2", "draft-model", k=2, draft_layers=1),
         method("1-layer cut goodput k<=2", "draft-model", k=2, draft_layers=1, goodput=True),
     ),
