@@ -4,8 +4,8 @@
 
 Expected tokens of a step drafting k: summed over the batch's active rows, 1 + sum_{j<=k}
 prod_{i<=j} a_i, with a_i the running estimate of P(draft i kept | drafts before it kept) for
-the row's signal bin (below); its cost: the measured seconds of one loop step drafting k at this batch (the step costs,
-decode/calibrate.py measures them). The costs are data of the loop state, not of its static
+the row's signal bin (below); its cost: the measured seconds of one loop step drafting k at
+this batch (the step costs, decode/calibrate.py measures them). The costs are data of the loop state, not of its static
 config: one compiled loop serves any costs, so calibration times the serving loop itself and
 a measured cost vector is reused across calls. A cost of +inf takes that length out of the
 choice (calibration forces one length at a time this way). The choice is an argmax over K + 1
@@ -79,7 +79,8 @@ def forcing(k: int, n_lengths: int) -> np.ndarray:
 @flax.struct.dataclass
 class GoodputState:
   kept: jax.Array  # [c, K] float32 decayed count of row-steps that kept draft i
-  reached: jax.Array  # [c, K] float32 decayed count of row-steps that checked draft i, all before it kept
+  reached: jax.Array  # [c, K] float32 decayed count of row-steps that checked draft i (all
+  # before it kept)
   steps: jax.Array  # [K + 1] int32 loop steps that drafted k
   plain_run: jax.Array  # [] int32 plain steps since the last one that drafted
   step_costs: jax.Array  # [K + 1] float32 seconds of a step drafting k (+inf: never)
