@@ -5,12 +5,12 @@
 Expected tokens of a step drafting k: summed over the batch's active rows, 1 + sum_{j<=k}
 prod_{i<=j} a_i, with a_i the running estimate of P(draft i kept | drafts before it kept) for
 the row's signal bin (below); its cost: the measured seconds of one loop step drafting k at
-this batch (the step costs, decode/calibrate.py measures them). The costs are data of the loop state, not of its static
-config: one compiled loop serves any costs, so calibration times the serving loop itself and
-a measured cost vector is reused across calls. A cost of +inf takes that length out of the
-choice (calibration forces one length at a time this way). The choice is an argmax over K + 1
-numbers inside the jitted loop, and the loop runs the chosen step's own program (lax.switch),
-so a short draft pays only its own drafting and verify forward.
+this batch (the step costs, decode/calibrate.py measures them). The costs are data of the loop
+state, not of its static config: one compiled loop serves any costs, so calibration times the
+serving loop itself and a measured cost vector is reused across calls. A cost of +inf takes
+that length out of the choice (calibration forces one length at a time this way). The choice is
+an argmax over K + 1 numbers inside the jitted loop, and the loop runs the chosen step's own
+program (lax.switch), so a short draft pays only its own drafting and verify forward.
 
 The estimate is kept per bin of the drafter's own signal, what it knows of its next draft before
 drafting it (`Drafter.signal`: prompt lookup's match length, EAGLE's first-draft confidence;
