@@ -220,16 +220,6 @@ class Eagle(Drafter):
     last = jnp.clip(pending - 1 - root, 0, m - 1)
     return state.replace(cache=cache.with_lengths(pending), feature=a[jnp.arange(b), last])
 
-  @property
-  def signal_bins(self) -> int:
-    return 4
-
-  def signal(self, params, state: EagleState, view: TargetView, config):
-    """The first draft's top probability in quarters (EAGLE-2's acceptance proxy): one more
-    pass of the output layer per loop step, which propose then repeats."""
-    top = top_probability(self.output(params, view.params, config)(state.feature))  # [b]
-    return jnp.minimum((top * 4).astype(jnp.int32), 3)
-
   # ----- training -----
 
   def train_outputs(self, params, frozen, config, batch, key) -> dict:

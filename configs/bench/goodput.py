@@ -1,8 +1,7 @@
 """Goodput-driven draft length (SmartSpec) against fixed k, batch 1 and 8, greedy: prompt lookup
-and the shipped EAGLE drafter, each with acceptance estimated per bin of the drafter's signal
-(the default: prompt lookup's match length, EAGLE's first-draft confidence) and pooled over
-all rows, and a drafter that is rarely accepted (a one-layer cut of the target as draft model),
-where goodput should settle on plain decoding.
+(acceptance estimated per length of the n-gram match, the default, and pooled over all rows)
+and the shipped EAGLE drafter, and a drafter that is rarely accepted (a one-layer cut of the
+target as draft model), where goodput should settle on plain decoding.
 speculax bench --config goodput"""
 from speculax.bench.config import BenchConfig, method
 from speculax.decode.goodput import Goodput
@@ -19,7 +18,6 @@ BENCH = BenchConfig(
         method("eagle-ttt k=1", "eagle", k=1, heads=EAGLE),
         method("eagle-ttt k=2", "eagle", k=2, heads=EAGLE),
         method("eagle-ttt goodput k<=4", "eagle", k=4, heads=EAGLE, goodput=True),
-        method("eagle-ttt goodput k<=4, pooled", "eagle", k=4, heads=EAGLE, goodput=POOLED),
         method("1-layer cut k=2", "draft-model", k=2, draft_layers=1),
         method("1-layer cut goodput k<=2", "draft-model", k=2, draft_layers=1, goodput=True),
     ),
