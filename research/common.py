@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from speculax.bench.measure import forward_seconds
+from speculax.models.assets import humaneval_prompts
 
 # Where research scripts write: never over the committed results/ unless told (`--out results`
 # refreshes the README's tables).
@@ -23,6 +24,36 @@ def add_target_and_out(ap) -> None:
   ap.add_argument("--out", type=pathlib.Path, default=OUT,
                   help="folder for the JSON and plots (`--out results` replaces the committed "
                        "ones)")
+
+
+def add_loop_runs(ap, prompts: int, heads: bool = False) -> None:
+  """--prompts, --batch, --repeats, --new-tokens, -k (and --heads): the interleaved loop
+  comparisons of research/goodput_*.py."""
+  ap.add_argument("--prompts", type=int, default=prompts, help="prompts (a multiple of --batch)")
+  ap.add_argument("--batch", type=int, default=1, help="prompts decoded at once")
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--new-tokens", type=int, default=48)
+  ap.add_argument("-k", type=int, default=4, help="the most a step drafts")
+  if heads:
+    ap.add_argument("--heads", default=None,
+                    help="a trained drafter's run folder (default: prompt lookup)")
+
+
+def parse_loop_runs(ap, argv):
+  """The parsed arguments, a bad prompt count a usage error naming both counts."""
+  args = ap.parse_args(argv)
+  if args.batch < 1 or args.prompts < args.batch or args.prompts % args.batch:
+    ap.error(f"--prompts must be a positive multiple of --batch, got {args.prompts} and "
+             f"{args.batch}")
+  return args
+
+
+def prompt_batches(args, tokenizer) -> list[list[list[int]]]:
+  """args.prompts chat-wrapped HumanEval prompts (the 6th on: the first ones calibrate layer
+  skip's search), args.batch at a time."""
+  ids = [tokenizer.encode(tokenizer.chat_prompt(p))
+         for p in humaneval_prompts(5 + args.prompts)[5:]]
+  return [ids[i:i + args.batch] for i in range(0, len(ids), args.batch)]
 
 
 def read_bandwidth(n_bytes: int = 512 << 20, repeats: int = 5) -> float:

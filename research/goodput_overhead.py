@@ -22,33 +22,22 @@ from speculax.decode.goodput import Goodput
 from speculax.decode.speculative import speculative_generate
 from speculax.drafters import registry
 from speculax.drafters.prompt_lookup import PromptLookup
-from speculax.models.assets import humaneval_prompts
 from speculax.models.load import load
-from speculax.research.common import add_target_and_out, median
+from speculax.research.common import (add_loop_runs, add_target_and_out, median,
+                                      parse_loop_runs, prompt_batches)
 
 
 def main(argv: list[str] | None = None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add_target_and_out(ap)
-  ap.add_argument("--prompts", type=int, default=2, help="prompts (a multiple of --batch)")
-  ap.add_argument("--batch", type=int, default=1, help="prompts decoded at once")
-  ap.add_argument("--repeats", type=int, default=3)
-  ap.add_argument("--new-tokens", type=int, default=48)
-  ap.add_argument("-k", type=int, default=4, help="the most a goodput step may draft")
-  ap.add_argument("--heads", default=None,
-                  help="a trained drafter's run folder (default: prompt lookup)")
-  args = ap.parse_args(argv)
-  if args.batch < 1 or args.prompts < args.batch or args.prompts % args.batch:
-    ap.error(f"--prompts must be a positive multiple of --batch, got {args.prompts} and "
-             f"{args.batch}")
+  add_loop_runs(ap, prompts=2, heads=True)
+  args = parse_loop_runs(ap, argv)
   model = load(args.model)
+  batches = prompt_batches(args, model.tokenizer)
   drafter, dparams = PromptLookup(), None
   if args.heads:
     loaded = registry.load(args.heads, model)
     drafter, dparams = loaded.drafter, loaded.params
-  tok = model.tokenizer
-  ids = [tok.encode(tok.chat_prompt(p)) for p in humaneval_prompts(5 + args.prompts)[5:]]
-  batches = [ids[i:i + args.batch] for i in range(0, len(ids), args.batch)]
   base = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=())
   goodput = dataclasses.replace(base, goodput=Goodput())
   plain_only = [1.0] + [float("inf")] * args.k  # step costs that leave only k' = 0, no probe
