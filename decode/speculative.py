@@ -119,7 +119,7 @@ def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Draft
 
 
 def row_bins(spec: SpecConfig, drafter: Drafter, dparams, dstate, view: TargetView,
-                config: LlamaConfig, done: jax.Array) -> jax.Array:
+             config: LlamaConfig, done: jax.Array) -> jax.Array:
   """[b] int32 each row's bin of the drafter's signal for goodput's next choice (-1: done; 0
   for every row when spec.goodput pools them)."""
   if spec.goodput.signal:

@@ -143,7 +143,8 @@ class Drafter(Checked, abc.ABC):
     """[b] int32 in [0, signal_bins): what the drafter knows of its next draft before drafting
     it, read off its state after `update` (or `init`) and view.history, on prepared params.
     Goodput keeps an acceptance estimate per value, so it should sort rows by how likely their
-    drafts are kept."""
+    drafts are kept, and it runs on every loop step, plain ones included, so it should cost
+    nearly nothing (a drafter whose signal needs a forward pass has none)."""
     return jnp.zeros(view.lengths.shape, jnp.int32)
 
   # --- trained drafters (train/heads.py) ---

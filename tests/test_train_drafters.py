@@ -1,4 +1,5 @@
 """research/train_drafters.py's command line refuses what it cannot do before loading a model."""
+import argparse
 import sys
 
 import pytest
@@ -21,3 +22,13 @@ def test_a_ship_name_is_one_folder_for_one_drafter(monkeypatch, capsys):
 def test_a_report_of_an_empty_results_file_names_it(monkeypatch, capsys, tmp_path):
   err = _main(monkeypatch, capsys, "--report", "--results", str(tmp_path / "none.json"))
   assert "no runs in --results" in err and "none.json" in err
+
+
+def test_init_from_replaces_the_experiments_start():
+  """--init-from starts the experiment from another folder; without it, from its own."""
+  args = argparse.Namespace(divergence=None, option=[], steps=0, learn=None, prompts=0, rows=0,
+                            lr=0, tag="more", init_from=None)
+  assert train_drafters._experiment("eagle_ttt", args).init_from == "results/drafters/eagle-smollm2"
+  args.init_from = "results/drafters/eagle-ttt-smollm2"
+  exp = train_drafters._experiment("eagle_ttt", args)
+  assert exp.init_from == args.init_from and exp.name == "eagle-ttt-smollm2-more"
