@@ -1,8 +1,9 @@
 """Goodput-driven draft length (decode/goodput.py): the choice from estimates and costs, the
-estimate's counts, and the loop that runs a k' in 0..k each step: lossless (greedy equality,
-the sampling law of the first three tokens), a drafter never accepted settles on plain decoding,
-prompt lookup on a self-repeating target drafts long, a draft model left behind by plain steps
-catches up."""
+estimate's counts (per bin of the drafter's signal), and the loop that runs a k' in 0..k each
+step: lossless (greedy equality, the sampling law of the first three tokens), a drafter never
+accepted settles on plain decoding, prompt lookup on a self-repeating target drafts long, a
+drafter whose signal foretells rejections is spared them, a draft model left behind by plain
+steps catches up."""
 import dataclasses
 from typing import ClassVar
 
