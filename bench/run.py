@@ -68,7 +68,7 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
                         sampling=SamplingConfig(temperature=temperature),
                         goodput=m.policy)
       bar.set_postfix_str(f"{suite} b{batch} {sampling_name(temperature)}: {m.name}")
-      costs = None if not m.goodput else calibrate(
+      costs = None if m.policy is None else calibrate(
           model.params, model.config, chunk[:batch], drafter, spec, dparams)
       r = run_prompts(model, chunk, drafter, dparams, spec, batch, hot=m.hot, step_costs=costs,
                       pearl_form=m.pearl)

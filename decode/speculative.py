@@ -118,13 +118,17 @@ def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Draft
       drafted=s.drafted + jnp.where(active, checked, 0).sum(), goodput=gstate)
 
 
+def n_bins(spec: SpecConfig, drafter: Drafter) -> int:
+  """How many acceptance estimates goodput keeps: one per value of the drafter's signal, or one
+  pooled when spec.goodput says so (or the drafter has no signal)."""
+  return drafter.signal_bins if spec.goodput.signal else 1
+
+
 def row_bins(spec: SpecConfig, drafter: Drafter, dparams, dstate, view: TargetView,
              config: LlamaConfig, done: jax.Array) -> jax.Array:
-  """[b] int32 each row's bin of the drafter's signal for goodput's next choice (-1: done; 0
-  for every row when spec.goodput pools them)."""
-  if spec.goodput.signal:
-    return jnp.where(done, -1, drafter.signal(dparams, dstate, view, config))
-  return jnp.where(done, -1, 0)
+  """[b] int32 each row's bin of the drafter's signal for goodput's next choice (-1: done)."""
+  pooled = n_bins(spec, drafter) == 1
+  return jnp.where(done, -1, 0 if pooled else drafter.signal(dparams, dstate, view, config))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "drafter"), donate_argnames=("state",))
@@ -175,7 +179,7 @@ def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidd
   dstate = drafter.init(dparams, view, config, max_len)
   gstate = None if spec.goodput is None else goodput.GoodputState.init(
       step_costs, row_bins(spec, drafter, dparams, dstate, view, config, done),
-      drafter.signal_bins if spec.goodput.signal else 1)
+      n_bins(spec, drafter))
   return SpecState(
       cache=cache, history=history, lengths=lengths, n_out=n_out, done=done,
       drafter=dstate, key=key,
