@@ -56,11 +56,11 @@ def default_folders() -> list[pathlib.Path]:
 
 
 @functools.partial(jax.jit, static_argnames=("drafter", "config"))
-def first_draft(drafter, params, frozen, config, tokens) -> tuple[jax.Array, jax.Array]:
-  """(top1, accept) [b, t]: at target position m, whether the drafter's first draft of token
-  m + 1 (teacher-forced on tokens [b, t]) is the target's argmax there, and its 1 - TV against
-  the target's law. Position 0 is undefined for head drafters (they draft from position m - 1's
-  features)."""
+def first_draft(drafter, params, frozen, config, tokens) -> dict[str, jax.Array]:
+  """At each target position m [b, t], of the drafter's first draft of token m + 1 (teacher-
+  forced on tokens [b, t]): top1, whether it is the target's argmax there; accept, its 1 - TV
+  against the target's law; q_top, its top probability; and p_top, the target's top probability
+  at m. Position 0 is undefined for head drafters (they draft from position m - 1's features)."""
   positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
   layers = tuple(getattr(drafter, "hidden_layers", ()))
   logits, hidden, _ = llama.forward(frozen, config, tokens, positions,
@@ -74,7 +74,8 @@ def first_draft(drafter, params, frozen, config, tokens) -> tuple[jax.Array, jax
       z = vocab_trim.full_vocabulary(frozen[vocab_trim.TRIM], z, config.vocab_size)
     q = jnp.concatenate([jnp.full_like(z[:, :1], -jnp.inf).at[..., 0].set(0.0), z[:, :-1]], 1)
   p, q = jax.nn.softmax(logits.astype(jnp.float32)), jax.nn.softmax(q.astype(jnp.float32))
-  return jnp.argmax(q, -1) == jnp.argmax(p, -1), jnp.minimum(p, q).sum(-1)
+  return {"top1": jnp.argmax(q, -1) == jnp.argmax(p, -1), "accept": jnp.minimum(p, q).sum(-1),
+          "q_top": q.max(-1), "p_top": p.max(-1)}
 
 
 def replay_k1(top1: np.ndarray, start: int, length: int) -> tuple[int, int]:
@@ -89,31 +90,41 @@ def replay_k1(top1: np.ndarray, start: int, length: int) -> tuple[int, int]:
   return kept, steps
 
 
-def score(drafter, params, model, docs: list[list[int]], starts: list[int],
-          batch: int = 2) -> dict:
-  """Teacher-forced first-draft metrics over the drafted positions of docs (prompt + answer,
-  the answer from starts[i]): mean 1 - TV and top-1, and the k = 1 replay's acceptance."""
+def first_draft_signals(drafter, params, model, docs: list[list[int]], starts: list[int],
+                        batch: int = 2) -> dict[str, list[np.ndarray]]:
+  """first_draft's arrays over each doc's drafted positions (prompt + answer, the answer from
+  starts[i]: target positions starts[i] .. len - 2, whose next token a loop drafts), a list of
+  arrays per name, one per doc."""
   order = params.get(vocab_trim.IDS)  # a trimmed drafter's kept ids come first
   params = {k: v for k, v in params.items() if k != vocab_trim.IDS}
   frozen = model.params if isinstance(drafter, DraftModel) else frozen_params(
       drafter, params, model.params, model.config, order)
   t = -(-max(map(len, docs)) // 64) * 64  # one compile per 64-token bucket
-  top1s, accepts, kept, steps = [], [], 0, 0
+  out: dict[str, list[np.ndarray]] = {}
   for lo in range(0, len(docs), batch):
     part = docs[lo:lo + batch]
     rows = np.stack([np.pad(d, (0, t - len(d)), mode="edge") for d in part + part[-1:] *
                      (batch - len(part))]).astype(np.int32)
-    top1, accept = jax.tree.map(np.asarray, first_draft(drafter, params, frozen, model.config,
-                                                        jnp.asarray(rows)))
+    got = jax.tree.map(np.asarray, first_draft(drafter, params, frozen, model.config,
+                                                jnp.asarray(rows)))
     for r, (d, s) in enumerate(zip(part, starts[lo:lo + batch])):
-      drafted = slice(s, len(d) - 1)  # target positions whose next token a loop drafts
-      top1s.append(top1[r, drafted])
-      accepts.append(accept[r, drafted])
-      a, n = replay_k1(top1[r], s, len(d))
-      kept, steps = kept + a, steps + n
-  return {"accept": float(np.concatenate(accepts).mean()),
-          "top1": float(np.concatenate(top1s).mean()), "replay": kept / max(steps, 1),
-          "positions": int(sum(map(len, top1s)))}
+      for name, a in got.items():
+        out.setdefault(name, []).append(a[r, s:len(d) - 1])
+  return out
+
+
+def score(drafter, params, model, docs: list[list[int]], starts: list[int],
+          batch: int = 2) -> dict:
+  """Teacher-forced first-draft metrics over the drafted positions of docs (prompt + answer,
+  the answer from starts[i]): mean 1 - TV and top-1, and the k = 1 replay's acceptance."""
+  got = first_draft_signals(drafter, params, model, docs, starts, batch)
+  kept = steps = 0
+  for top1 in got["top1"]:  # drafted positions only: the answer starts at 0, one token longer
+    a, n = replay_k1(top1, 0, len(top1) + 1)
+    kept, steps = kept + a, steps + n
+  return {"accept": float(np.concatenate(got["accept"]).mean()),
+          "top1": float(np.concatenate(got["top1"]).mean()), "replay": kept / max(steps, 1),
+          "positions": int(sum(map(len, got["top1"])))}
 
 
 def heldout_answers(model, limit: int) -> dict[str, tuple[list[list[int]], list[int]]]:
