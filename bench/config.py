@@ -99,6 +99,10 @@ class BenchConfig(Checked):
   # Split a step's time into the verify forward (timed outside the loop for that many tokens at
   # the panel's batch) and the rest (drafting, the loop's own work), in one-token forwards.
   step_split: bool = True
+  # Rounds of every panel's methods, round-robin; a row's tokens/s is the median of its rounds
+  # (each round's in tokens_per_s_rounds). Deterministic figures (tau, acceptance, tokens) come
+  # from the first: the same keys give the same tokens every round.
+  repeats: int = field(1, ge=1)
 
   def __post_init__(self):
     super().__post_init__()

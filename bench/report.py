@@ -40,13 +40,20 @@ def markdown(result: dict) -> str:
   same = lambda r: "-" if r["same_as_ar"] is None else f"{r['same_as_ar']}/{r['sequences']}"
   head = (f"`{result['command'] or result['name']}` on {result['machine']}, {result['date']}: "
           f"{result['target']} ({result['precision']}), {result['new_tokens']} new tokens per "
-          "prompt (EOS off), compile time apart.")
+          "prompt (EOS off), compile time apart"
+          + ("; tok/s the median of each row's rounds, run round-robin." if any(
+              len(r.get("tokens_per_s_rounds", ())) > 1 for r in result["rows"]) else "."))
   rows = [[r["suite"], r["batch"], r["sampling"], r["method"], r["tau"], acc(r["acceptance"]),
            r["drafts_per_step"], r["tokens_per_s"], r["speedup"], r["speedup_per_tau"], same(r),
            split(r), r["compile_s"], r["drafter_mb"]] for r in result["rows"]]
   header = ["suite", "batch", "sampling", "method", "tau", "acceptance by position",
             "drafts/step", "tok/s", "x AR", "speedup/tau", "same as AR",
             "step = rest + verify (fwd)", "compile s", "drafter MB"]
+  if any(len(r.get("tokens_per_s_rounds", ())) > 1 for r in result["rows"]):  # repeats > 1
+    header.insert(header.index("tok/s") + 1, "tok/s rounds")
+    for row, r in zip(rows, result["rows"]):
+      row.insert(header.index("tok/s rounds"),
+                 " ".join(f"{x:.3g}" for x in r.get("tokens_per_s_rounds", ())))
   if any(r.get("k_steps") for r in result["rows"]):  # goodput-driven rows: choices and costs
     ints = lambda xs, f="{}": "/".join(f.format(x) for x in xs) if xs else "-"
     # 3 digits: a GPU step is ~1 ms, a CPU one 25-130

@@ -6,12 +6,19 @@ tokens/s, speedup over AR, speedup/tau, greedy rows identical to AR's, compile s
 drafter's own params (MB), the device's peak memory where the backend reports it, and at batch 1
 where a step's time goes, in one-token target forwards timed alone: the verify forward (timed
 alone for that many tokens) and the rest (drafting and the loop's own work).
+
+With cfg.repeats > 1 a panel runs its methods that many rounds, round-robin (AR, each method, AR
+again, then all of them again), and a row's tokens/s (and step split) is the median of its
+rounds: a machine whose speed drifts over minutes moves every method alike within a round,
+where one run per method, in order, lets the drift land between neighbouring rows.
 """
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import pathlib
+import statistics
 import sys
 from typing import Callable
 
@@ -56,46 +63,54 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
   forwards = result["forward_s"]  # batch -> tokens -> seconds of a forward (the step split)
   order = [AUTOREGRESSIVE, *cfg.methods, AUTOREGRESSIVE]  # AR first and last: machine drift
   panels = [(s, b, t) for s in cfg.suites for b in cfg.batch_sizes for t in cfg.temperatures]
-  bar = tqdm.tqdm(total=len(panels) * len(order), desc=f"bench {name}", disable=None,
-                  file=sys.stderr)
+  bar = tqdm.tqdm(total=len(panels) * len(order) * cfg.repeats, desc=f"bench {name}",
+                  disable=None, file=sys.stderr)
   for suite, batch, temperature in panels:
     ids = prompt_sets[suite]
     chunk = ids[:cfg.prompts] if batch == 1 else ids[:batch]
-    panel, reference = [], None
-    for i, m in enumerate(order):
+    panel, reference, costs, step_s = [], None, {}, {}  # costs, step seconds: per method
+    for rnd, (i, m) in itertools.product(range(cfg.repeats), enumerate(order)):
       drafter, dparams = built.get(m.name, (None, None))
       spec = SpecConfig(k=m.k, max_new_tokens=cfg.new_tokens,
                         sampling=SamplingConfig(temperature=temperature),
                         goodput=m.policy)
       bar.set_postfix_str(f"{suite} b{batch} {sampling_name(temperature)}: {m.name}")
-      costs = None if m.policy is None else calibrate(
-          model.params, model.config, chunk[:batch], drafter, spec, dparams)
-      r = run_prompts(model, chunk, drafter, dparams, spec, batch, hot=m.hot, step_costs=costs,
-                      pearl_form=m.pearl)
-      reference = reference or r.tokens
-      row = dict(method=m.name if i < len(order) - 1 else f"{m.name}, again",
-                 drafter=m.drafter, k=m.k, suite=suite, batch=batch,
-                 sampling=sampling_name(temperature), tau=r.tau, acceptance=r.acceptance,
-                 drafts_per_step=r.drafts_per_step, k_steps=r.k_steps, pearl=m.pearl,
-                 step_costs=None if costs is None else costs.tolist(),
-                 tokens_per_s=r.tokens_per_s,
-                 compile_s=r.compile_s, drafter_mb=params_mb(dparams),
-                 peak_memory_mb=_peak_memory_mb(), sequences=len(r.tokens),
-                 same_as_ar=(sum(a == b for a, b in zip(r.tokens, reference))
-                             if temperature == 0 else None))
+      if i not in costs:  # calibrated once: every round weighs the same step costs
+        costs[i] = None if m.policy is None else calibrate(
+            model.params, model.config, chunk[:batch], drafter, spec, dparams)
+      r = run_prompts(model, chunk, drafter, dparams, spec, batch, hot=m.hot,
+                      step_costs=costs[i], pearl_form=m.pearl)
+      step_s.setdefault(i, []).append(r.decode_s / max(r.steps, 1))
+      if rnd == 0:
+        reference = reference or r.tokens
+        panel.append(dict(
+            method=m.name if i < len(order) - 1 else f"{m.name}, again",
+            drafter=m.drafter, k=m.k, suite=suite, batch=batch,
+            sampling=sampling_name(temperature), tau=r.tau, acceptance=r.acceptance,
+            drafts_per_step=r.drafts_per_step, k_steps=r.k_steps, pearl=m.pearl,
+            step_costs=None if costs[i] is None else costs[i].tolist(), tokens_per_s_rounds=[],
+            compile_s=r.compile_s, drafter_mb=params_mb(dparams),
+            peak_memory_mb=_peak_memory_mb(), sequences=len(r.tokens),
+            same_as_ar=(sum(a == b for a, b in zip(r.tokens, reference))
+                        if temperature == 0 else None)))
+      row = panel[i]
+      row["tokens_per_s_rounds"].append(r.tokens_per_s)
+      row["tokens_per_s"] = statistics.median(row["tokens_per_s_rounds"])
       if cfg.step_split:  # PEARL's window: the pending token and k - 1 ready drafts
-        row |= _step_split(model, forwards.setdefault(batch, {}), r,
+        row |= _step_split(model, forwards.setdefault(batch, {}), statistics.median(step_s[i]),
                            m.k if m.pearl else _checked(drafter, m.k), batch)
-      panel.append(row)
       if echo is not None:
-        echo(f"{suite} b{batch} {row['sampling']} {row['method']}: tau {row['tau']:.2f}, "
-             f"{row['tokens_per_s']:.1f} tok/s, compile {row['compile_s']:.1f} s"
+        echo(f"{suite} b{batch} {row['sampling']} {row['method']}"
+             + (f" (round {rnd + 1} of {cfg.repeats})" if cfg.repeats > 1 else "")
+             + f": tau {row['tau']:.2f}, {r.tokens_per_s:.1f} tok/s, compile {r.compile_s:.1f} s"
              + (f", same as AR {row['same_as_ar']}/{row['sequences']}"
                 if row["same_as_ar"] is not None else ""))
       if out is not None:
         _write_json(result | {"rows": result["rows"] + panel}, out)
       bar.update()
-      jax.clear_caches()  # each row compiles its own loops (memory-map limit on long runs)
+    # Each panel compiles its own loops; dropped when it ends (memory-map limit on long runs),
+    # kept until then so a later round reuses them.
+    jax.clear_caches()
     base = max(r["tokens_per_s"] for r in panel if r["drafter"] is None)
     for row in panel:
       row |= dict(speedup=row["tokens_per_s"] / base,
@@ -146,13 +161,13 @@ def _checked(drafter, k: int) -> int:
   return (tree.n_nodes if tree is not None else k) + 1
 
 
-def _step_split(model, forwards: dict, r, n: int, batch: int) -> dict:
-  """A step's time in one-token forwards of `batch` rows timed outside the loop: the whole step,
-  its verify forward (n tokens a row) and the rest (AR's rest: its loop's own share, below 0
-  when the loop runs a step faster than the timed forward)."""
+def _step_split(model, forwards: dict, step_s: float, n: int, batch: int) -> dict:
+  """A loop step of step_s seconds in one-token forwards of `batch` rows timed outside the loop:
+  the whole step, its verify forward (n tokens a row) and the rest (AR's rest: its loop's own
+  share, below 0 when the loop runs a step faster than the timed forward)."""
   for t in {1, n} - forwards.keys():
     forwards[t] = forward_seconds(model, t, batch=batch)
-  step = r.decode_s / max(r.steps, 1) / forwards[1]
+  step = step_s / forwards[1]
   verify = forwards[n] / forwards[1]
   return dict(step_cost=step, verify_cost=verify, draft_cost=step - verify)
 

@@ -151,6 +151,10 @@ def test_shipped_sets_load_and_overrides_apply():
     overrides.apply(cfg, ["prompts=0"])
   with pytest.raises(ValueError, match="FIELD.PATH=VALUE, got 'prompts'"):
     overrides.apply(cfg, ["prompts"])
+  assert overrides.apply(cfg, ["repeats=3"]).repeats == 3
+  for bad in ("0", "2.5", "True"):
+    with pytest.raises(ValueError, match=f"BenchConfig.repeats must be an int >= 1, got {bad}"):
+      overrides.apply(cfg, [f"repeats={bad}"])
 
 
 @pytest.mark.parametrize("build, message", [
@@ -199,3 +203,37 @@ def test_named_suites_are_held_out_prompts():
   code = suites.suite("code", 2)
   assert len(code) == 2 and not any(x["chat"] for x in code)
   assert all(suites.CODE_CHARS // 2 < len(x["prompt"]) <= suites.CODE_CHARS + 1 for x in code)
+
+
+def test_repeats_run_round_robin_and_report_the_median(tiny, prompts_file, tmp_path,
+                                                        monkeypatch):
+  from speculax.bench import run as bench_run
+  real_run, real_calibrate, calls, calibrated = bench_run.run_prompts, bench_run.calibrate, [], []
+
+  def counted(model, chunk, drafter, *args, **kw):
+    calls.append(None if drafter is None else drafter.name)
+    return real_run(model, chunk, drafter, *args, **kw)
+
+  def calibrate(*args, **kw):
+    calibrated.append(args[3].name)
+    return real_calibrate(*args, **kw)
+
+  monkeypatch.setattr(bench_run, "run_prompts", counted)
+  monkeypatch.setattr(bench_run, "calibrate", calibrate)
+  cfg = dataclasses.replace(CFG, methods=CFG.methods[:2], suites=(str(prompts_file),),
+                            batch_sizes=(1,), repeats=3)
+  result = run(cfg, "r", model=LoadedModel(*tiny, Bytes()), out=tmp_path, echo=None)
+  one_round = [None, "prompt-lookup", "layer-skip", None]
+  assert calls == one_round * 3  # round-robin, not each method three times in a row
+  assert calibrated == ["prompt-lookup"]  # goodput's costs measured once, reused every round
+  rows = result["rows"]
+  assert [r["method"] for r in rows] == ["autoregressive", "prompt lookup", "layer skip + exit",
+                                         "autoregressive, again"]
+  for r in rows:
+    assert len(r["tokens_per_s_rounds"]) == 3 and r["same_as_ar"] == 1
+    assert r["tokens_per_s"] == sorted(r["tokens_per_s_rounds"])[1]
+  assert max(r["speedup"] for r in rows if r["drafter"] is None) == pytest.approx(1.0)
+  md = (tmp_path / "r.md").read_text()
+  assert "| tok/s | tok/s rounds |" in md and "the median of each row's rounds" in md
+  rounds = " ".join(f"{x:.3g}" for x in rows[1]["tokens_per_s_rounds"])
+  assert f"| {rounds} |" in md
