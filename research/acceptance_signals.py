@@ -33,6 +33,8 @@ import numpy as np
 
 from speculax.bench.measure import machine
 from speculax.bench.report import table
+from speculax.drafters import registry
+from speculax.models.load import load
 from speculax.research.acceptance_gap import first_draft_signals, heldout_answers
 from speculax.research.common import add_target_and_out
 
@@ -97,8 +99,6 @@ def main(argv: list[str] | None = None) -> None:
                        "1.43-1.52 at batch 8)")
   ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
   args = ap.parse_args(argv)
-  from speculax.drafters import registry
-  from speculax.models.load import load
   model = load(args.model)
   drafter, params = registry.load(args.heads, model)
   result = {"machine": machine(), "date": datetime.date.today().isoformat(),
