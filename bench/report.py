@@ -38,18 +38,18 @@ def markdown(result: dict) -> str:
   split = lambda r: (f"{r['draft_cost']:.2f} + {r['verify_cost']:.2f}" if "step_cost" in r
                      else "-")
   same = lambda r: "-" if r["same_as_ar"] is None else f"{r['same_as_ar']}/{r['sequences']}"
+  rounds = any(len(r.get("tokens_per_s_rounds", ())) > 1 for r in result["rows"])  # repeats > 1
   head = (f"`{result['command'] or result['name']}` on {result['machine']}, {result['date']}: "
           f"{result['target']} ({result['precision']}), {result['new_tokens']} new tokens per "
           "prompt (EOS off), compile time apart"
-          + ("; tok/s the median of each row's rounds, run round-robin." if any(
-              len(r.get("tokens_per_s_rounds", ())) > 1 for r in result["rows"]) else "."))
+          + ("; tok/s the median of each row's rounds, run round-robin." if rounds else "."))
   rows = [[r["suite"], r["batch"], r["sampling"], r["method"], r["tau"], acc(r["acceptance"]),
            r["drafts_per_step"], r["tokens_per_s"], r["speedup"], r["speedup_per_tau"], same(r),
            split(r), r["compile_s"], r["drafter_mb"]] for r in result["rows"]]
   header = ["suite", "batch", "sampling", "method", "tau", "acceptance by position",
             "drafts/step", "tok/s", "x AR", "speedup/tau", "same as AR",
             "step = rest + verify (fwd)", "compile s", "drafter MB"]
-  if any(len(r.get("tokens_per_s_rounds", ())) > 1 for r in result["rows"]):  # repeats > 1
+  if rounds:
     header.insert(header.index("tok/s") + 1, "tok/s rounds")
     for row, r in zip(rows, result["rows"]):
       row.insert(header.index("tok/s rounds"),

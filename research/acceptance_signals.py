@@ -73,14 +73,12 @@ def bound(share: np.ndarray, accept: np.ndarray, cost: float, batch: int,
   `batch` rows drawn independently from the bins."""
   mean = float(share @ accept)
   fixed = (1 + mean) / cost
-  if batch == 1:
-    rows = accept[None, :]  # every bin, weighed by its share
-    weight = share
-  else:
+  if batch == 1:  # every bin, weighed by its share
+    m, weight = accept, share  # [c]
+  else:  # the mean row estimate of `draws` steps of `batch` rows drawn at random
     rng = np.random.default_rng(seed)
-    rows = accept[rng.choice(len(share), size=(draws, batch), p=share / share.sum())]
+    m = accept[rng.choice(len(share), size=(draws, batch), p=share / share.sum())].mean(1)
     weight = np.full(draws, 1.0 / draws)
-  m = rows.mean(1) if batch > 1 else accept  # [draws or c] the step's mean row estimate
   draft = 1 + m > cost
   tokens = weight @ np.where(draft, 1 + m, 1.0)
   time = weight @ np.where(draft, cost, 1.0)
