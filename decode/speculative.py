@@ -141,7 +141,7 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
   running = lambda s: ~jnp.all(s.done)
   if spec.goodput is None:
     return jax.lax.while_loop(running, functools.partial(step, spec.k), state)
-  choice = lambda s: goodput.choose(spec.goodput, s.goodput)
+  choice = lambda s: s.goodput.choice  # made by the step before (goodput.observe)
 
   def segment(k):  # steps of k drafts for as long as k stays the choice (it is on entry)
     same = lambda s: running(s) & (choice(s) == k)
@@ -178,7 +178,7 @@ def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidd
   view = TargetView(params, cache, history, lengths, prompt_hidden=hidden)
   dstate = drafter.init(dparams, view, config, max_len)
   gstate = None if spec.goodput is None else goodput.GoodputState.init(
-      step_costs, row_bins(spec, drafter, dparams, dstate, view, config, done),
+      spec.goodput, step_costs, row_bins(spec, drafter, dparams, dstate, view, config, done),
       n_bins(spec, drafter))
   return SpecState(
       cache=cache, history=history, lengths=lengths, n_out=n_out, done=done,
@@ -203,7 +203,9 @@ def warm_states(state: SpecState) -> Iterator[SpecState]:
     # An op on the costs themselves: the same placement (and committedness), so the warm-up
     # runs the very executable the timed run will (jit caches on both).
     forced = jnp.ones_like(costs) * goodput.forcing(k, costs.shape[0])
-    yield jax.tree.map(jnp.copy, state.replace(goodput=state.goodput.replace(step_costs=forced)))
+    choice = jnp.zeros_like(state.goodput.choice) + k  # what choose gives under forced costs
+    yield jax.tree.map(jnp.copy, state.replace(goodput=state.goodput.replace(
+        step_costs=forced, choice=choice)))
 
 
 def check_lossy(spec: SpecConfig, drafter: Drafter, config: LlamaConfig) -> None:

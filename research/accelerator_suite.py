@@ -11,7 +11,11 @@ still run, so a rare GPU session is never lost to one bug):
   3. tree-attention kernel vs XLA attention (the platform's Pallas backend, bf16 cache), cache
      lengths 512..16k, trees of 8..64 nodes, Llama-3-8B heads;
   4. head-drafter training throughput (EAGLE on the target, tokens/s after compilation);
-  5. every drafter's tau and speedup on the target (`speculax bench --config drafters`: chain and
+  5. decode loops side by side (`loops`): ms per step of the autoregressive loop, of the goodput
+     loop forced to k' = 0 and to k' = 1 on every step against fixed k = 1 (what goodput's
+     bookkeeping and nested loop cost), and of autoregressive and fixed k = 4 decoding with
+     the Pallas tree-attention kernel against XLA attention (prompt lookup drafts; any weights);
+  6. every drafter's tau and speedup on the target (`speculax bench --config drafters`: chain and
      tree, greedy and t=1, batch 1 and 8), within what is left of --budget-min.
 
   python -m speculax.research.accelerator_suite --model exported/smollm2   # on the GPU
@@ -42,9 +46,12 @@ from speculax.bench.measure import chained_seconds, forward_seconds, machine
 from speculax.bench.report import table
 from speculax.configs.bench import drafters as drafter_set
 from speculax.core import overrides
-from speculax.decode.config import GenerateConfig
+from speculax.decode import goodput
+from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
+from speculax.decode.speculative import speculative_generate
 from speculax.drafters.eagle import Eagle
+from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models import llama
 from speculax.models.attention import attention, prefix_block_mask
 from speculax.models.config import PRECISIONS, get_preset
@@ -70,6 +77,7 @@ class Sizes:
   tree_sizes: tuple[int, ...] = (8, 16, 32, 64)
   heads: tuple[int, int, int] = (32, 8, 128)  # query heads, kv heads, head dim (Llama-3-8B)
   interpret: bool = False
+  loop_rounds: int = 3  # the loops section's interleaved rounds (a row: their median)
   train_steps: int = 30
   train_batch: int = 8
   seq_len: int = 256
@@ -81,15 +89,21 @@ class Sizes:
 
 SMOKE = Sizes(batches=(1,), new_tokens=8, big="tiny-untied-llama3", forward_tokens=(1, 2, 4),
               cache_lengths=(64, 128), tree_sizes=(4, 8), heads=(4, 2, 16), interpret=True,
+              loop_rounds=1,
               train_steps=3, train_batch=2, seq_len=32,
               drafter_methods=("prompt lookup",),
               drafter_bench=("suites=('humaneval',)", "prompts=1", "new_tokens=8",
                              "batch_sizes=(1,)", "temperatures=(0,)"))
 
 
+def synthetic_prompts(model: LoadedModel, batch: int) -> list[list[int]]:
+  """batch prompts of 32 token ids (no tokenizer needed: random weights have none)."""
+  return [[(7 * i + j) % model.config.vocab_size for j in range(32)] for i in range(batch)]
+
+
 def step_seconds(model: LoadedModel, batch: int, new_tokens: int) -> float:
   """Seconds per decode step of the jitted loop (compiled first), batch prompts of 32 tokens."""
-  prompts = [[(7 * i + j) % model.config.vocab_size for j in range(32)] for i in range(batch)]
+  prompts = synthetic_prompts(model, batch)
   return generate(model.params, model.config, prompts, GenerateConfig(max_new_tokens=new_tokens),
                   warmup=True).step_s
 
@@ -128,6 +142,50 @@ def verify_cost(target: LoadedModel, sizes: Sizes, precision: str) -> dict:
   seconds = {t: forward_seconds(model, t) for t in sizes.forward_tokens}
   return {"precision": precision, "forward_s": seconds,
           "cost": {t: s / seconds[1] for t, s in seconds.items()}}
+
+
+def loops(target: LoadedModel, sizes: Sizes, precision: str):
+  """Yields a row per batch, attention and loop: median ms per loop step (prefill apart) over
+  interleaved rounds, tokens per step, and whether its tokens equal the XLA autoregressive
+  loop's. The goodput loop (k <= 4) runs with step costs forcing one length on every step, so
+  it decodes exactly what the fixed loop of that length does: the gap is its bookkeeping."""
+  kernel = "pallas-interpret" if sizes.interpret else "pallas"
+  base = SpecConfig(k=4, max_new_tokens=sizes.new_tokens, eos_ids=())
+  good = dataclasses.replace(base, goodput=goodput.Goodput())
+  lookup = PromptLookup()
+  for batch in sizes.batches:
+    runs = {}
+    for impl in ("xla", kernel):
+      model = with_precision(target, precision)
+      c, p = model.config.with_runtime(attention_impl=impl), model.params
+      prompts = synthetic_prompts(model, batch)
+      runs[impl, "autoregressive"] = lambda c=c, p=p, x=prompts: generate(p, c, x, base,
+                                                                            warmup=True)
+      runs[impl, "prompt lookup k=4"] = lambda c=c, p=p, x=prompts: speculative_generate(
+          p, c, x, lookup, base, warmup=True)
+      if impl != "xla":
+        continue
+      for k in (0, 1):  # the goodput loop forced to k' on every step
+        runs[impl, f"goodput forced k'={k}"] = lambda c=c, p=p, x=prompts, k=k: (
+            speculative_generate(p, c, x, lookup, good, warmup=True,
+                                 step_costs=goodput.forcing(k, base.k + 1)))
+      runs[impl, "prompt lookup k=1"] = lambda c=c, p=p, x=prompts: speculative_generate(
+          p, c, x, lookup, dataclasses.replace(base, k=1), warmup=True)
+    step_ms, outs = {key: [] for key in runs}, {}
+    for _ in range(sizes.loop_rounds):
+      for key, run in runs.items():
+        outs[key] = run()
+        step_ms[key].append(outs[key].step_s * 1e3)
+    reference = outs["xla", "autoregressive"].tokens
+    for (impl, name), out in outs.items():
+      ms = float(np.median(step_ms[impl, name]))
+      row = dict(batch=batch, attention=impl, loop=name, step_ms=ms, rounds_ms=step_ms[impl, name],
+                 tau=out.step_tokens / out.row_steps if out.row_steps else 1.0,
+                 k_steps=None if out.k_steps is None else out.k_steps.tolist(),
+                 same_as_ar=sum(a == b for a, b in zip(out.tokens, reference)), sequences=batch)
+      print(f"loops b{batch} {impl} {name}: {ms:.3f} ms/step", flush=True)
+      yield row
+    jax.clear_caches()
 
 
 def kernel_vs_xla(sizes: Sizes):
@@ -237,7 +295,8 @@ def main(argv=None):
   ap.add_argument("--drafter-set", action="append", default=[], metavar="FIELD=VALUE",
                   help="a BenchConfig override for the drafters section (repeatable), e.g. "
                        "'temperatures=(0.0,)'")
-  ap.add_argument("--sections", default="autoregressive,verify,attention,training,drafters")
+  ap.add_argument("--sections",
+                  default="autoregressive,verify,attention,loops,training,drafters")
   ap.add_argument("--precision", default="bf16 weights", choices=sorted(PRECISIONS),
                   help="the target's precision in the verify and drafter sections (the "
                        "autoregressive one runs each)")
@@ -268,6 +327,7 @@ def main(argv=None):
     sections = {"autoregressive": lambda: autoregressive(target, sizes),
                 "verify": lambda: verify_cost(target, sizes, args.precision),
                 "attention": lambda: kernel_vs_xla(sizes),
+                "loops": lambda: loops(target, sizes, args.precision),
                 "training": lambda: training_throughput(target, sizes, pathlib.Path(tmp)),
                 "drafters": lambda: drafters(target, sizes, args)}
     for name in args.sections.split(","):
@@ -307,46 +367,73 @@ def save(results: dict, path: pathlib.Path) -> None:
 
 
 def plot(results: dict, path: pathlib.Path) -> None:
-  """Step time against batch (with both floors), the verify cost curve, kernel over XLA."""
+  """One panel per section measured (of those with a picture): step time against batch (with
+  both floors), the verify cost curve, kernel over XLA, the decode loops' ms per step."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, 3, figsize=(18, 5))
   sec = results["sections"]
-  for name in dict.fromkeys(r["model"] for r in sec.get("autoregressive", [])):
-    rows = [r for r in sec["autoregressive"] if r["model"] == name]
-    line, = axes[0].plot([r["batch"] for r in rows], [r["step_ms"] for r in rows], "o-",
-                         label=name)
-    axes[0].plot([r["batch"] for r in rows],
-                 [max(r["bandwidth_floor_ms"], r["launch_floor_ms"]) for r in rows], ":",
-                 color=line.get_color())
-  axes[0].set(xscale="log", yscale="log", xlabel="batch", ylabel="ms per decode step",
-              title="autoregressive step (dotted: max of the bandwidth and launch floors)")
-  if "verify" in sec:
-    cost = sec["verify"]["cost"]
-    axes[1].plot([int(t) for t in cost], list(cost.values()), "o-")
-    axes[1].axhline(1.0, color="gray", lw=0.8, ls="--")
-  axes[1].set(xscale="log", xlabel="tokens in one forward",
-              ylabel="time / one-token forward", title="verify cost")
-  for t in dict.fromkeys(r["tree"] for r in sec.get("attention", [])):
-    rows = [r for r in sec["attention"] if r["tree"] == t]
-    axes[2].plot([r["cache"] for r in rows], [r["speedup"] for r in rows], "o-",
-                 label=f"{t} nodes")
-  axes[2].axhline(1.0, color="gray", lw=0.8, ls="--")
-  axes[2].set(xscale="log", xlabel="cache length", ylabel="XLA time / kernel time",
-              title="tree-attention kernel vs XLA")
-  ticks = [sorted({r["batch"] for r in sec.get("autoregressive", [])}),
-           [int(t) for t in sec.get("verify", {}).get("cost", {})],
-           sorted({r["cache"] for r in sec.get("attention", [])})]
-  for ax, values in zip(axes, ticks):  # the measured values, written plainly, on the log axes
-    ax.set_xticks(values, [str(v) for v in values])
-    ax.minorticks_off()
+  drawn = [name for name in PANELS if sec.get(name)]
+  fig, axes = plt.subplots(1, max(len(drawn), 1), figsize=(6 * max(len(drawn), 1), 5),
+                           squeeze=False)
+  for ax, name in zip(axes[0], drawn):
+    values = PANELS[name](ax, sec[name])
+    if values is not None:  # the measured values, written plainly, on the log axes
+      ax.set_xticks(values, [str(v) for v in values])
+      ax.minorticks_off()
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=7)
   fig.suptitle(f"{results['machine']}, {results['date']}")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def _autoregressive_panel(ax, rows):
+  for name in dict.fromkeys(r["model"] for r in rows):
+    mine = [r for r in rows if r["model"] == name]
+    line, = ax.plot([r["batch"] for r in mine], [r["step_ms"] for r in mine], "o-", label=name)
+    ax.plot([r["batch"] for r in mine],
+            [max(r["bandwidth_floor_ms"], r["launch_floor_ms"]) for r in mine], ":",
+            color=line.get_color())
+  ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="ms per decode step",
+         title="autoregressive step (dotted: max of the bandwidth and launch floors)")
+  return sorted({r["batch"] for r in rows})
+
+
+def _verify_panel(ax, verify):
+  cost = verify["cost"]
+  ax.plot([int(t) for t in cost], list(cost.values()), "o-")
+  ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+  ax.set(xscale="log", xlabel="tokens in one forward", ylabel="time / one-token forward",
+         title="verify cost")
+  return [int(t) for t in cost]
+
+
+def _attention_panel(ax, rows):
+  for t in dict.fromkeys(r["tree"] for r in rows):
+    mine = [r for r in rows if r["tree"] == t]
+    ax.plot([r["cache"] for r in mine], [r["speedup"] for r in mine], "o-", label=f"{t} nodes")
+  ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+  ax.set(xscale="log", xlabel="cache length", ylabel="XLA time / kernel time",
+         title="tree-attention kernel vs XLA")
+  return sorted({r["cache"] for r in rows})
+
+
+def _loops_panel(ax, rows):
+  names = list(dict.fromkeys(f"{r['attention']} {r['loop']}" for r in rows))
+  batches = list(dict.fromkeys(r["batch"] for r in rows))
+  height = 1 / (len(batches) + 1)
+  for i, batch in enumerate(batches):
+    ms = {f"{r['attention']} {r['loop']}": r["step_ms"] for r in rows if r["batch"] == batch}
+    ax.barh([j + i * height for j in range(len(names))], [ms.get(n, 0.0) for n in names],
+            height=height, label=f"batch {batch}")
+  ax.set_yticks(range(len(names)), names, fontsize=7)
+  ax.set(xlabel="ms per loop step (median of rounds)", title="decode loops")
+
+
+PANELS = {"autoregressive": _autoregressive_panel, "verify": _verify_panel,
+          "attention": _attention_panel, "loops": _loops_panel}
 
 
 def markdown(results: dict) -> str:
@@ -368,6 +455,12 @@ def markdown(results: dict) -> str:
                        [[r["cache"], r["tree"], r["kernel_us"], r["xla_us"], r["speedup"],
                          f"{r['max_abs_error']:.2g}", r.get("one_range_us") or "-"]
                         for r in sec["attention"]]))
+  if "loops" in sec:
+    parts.append(table(["batch", "attention", "loop", "ms/step", "ms rounds", "tau",
+                        "same as AR"],
+                       [[r["batch"], r["attention"], r["loop"], r["step_ms"],
+                         " / ".join(f"{m:.3f}" for m in r["rounds_ms"]), r["tau"],
+                         f"{r['same_as_ar']}/{r['sequences']}"] for r in sec["loops"]]))
   if "training" in sec:
     r = sec["training"]
     parts.append(f"EAGLE training: {r['tokens_per_s']:.0f} tokens/s (batch {r['batch']} x "

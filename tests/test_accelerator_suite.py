@@ -17,7 +17,7 @@ def test_smoke_runs_every_section(tmp_path):
                                     "--drafters-dir", str(tmp_path / "no-drafters")])
   assert results["errors"] == {}
   assert json.loads(path.read_text())["sections"].keys() == results["sections"].keys() == {
-      "autoregressive", "verify", "attention", "training", "drafters"}
+      "autoregressive", "verify", "attention", "loops", "training", "drafters"}
   assert path.with_suffix(".png").stat().st_size > 10_000
   sec, sizes = results["sections"], accelerator_suite.SMOKE
 
@@ -37,6 +37,19 @@ def test_smoke_runs_every_section(tmp_path):
   assert [(r["cache"], r["tree"]) for r in attention] == [
       (s, t) for s in sizes.cache_lengths for t in sizes.tree_sizes]
   assert all(r["max_abs_error"] < 0.05 for r in attention), attention  # kernel == XLA (bf16)
+
+  loops = {(r["attention"], r["loop"]): r for r in sec["loops"]}
+  assert set(loops) == {("xla", "autoregressive"), ("xla", "prompt lookup k=4"),
+                        ("xla", "goodput forced k'=0"), ("xla", "goodput forced k'=1"),
+                        ("xla", "prompt lookup k=1"), ("pallas-interpret", "autoregressive"),
+                        ("pallas-interpret", "prompt lookup k=4")}
+  assert all(r["same_as_ar"] == r["sequences"] and r["step_ms"] > 0 for r in loops.values())
+  # Forced goodput loops take the one length on every step, so they decode as the fixed loop.
+  for k in (0, 1):
+    steps = loops["xla", f"goodput forced k'={k}"]["k_steps"]
+    assert steps[k] == sum(steps) > 0, steps
+  assert loops["xla", "goodput forced k'=1"]["tau"] == loops["xla", "prompt lookup k=1"]["tau"]
+  assert loops["xla", "goodput forced k'=0"]["tau"] == 1.0
 
   train = sec["training"]
   assert train["tokens_per_s"] > 0 and train["steps"] == sizes.train_steps

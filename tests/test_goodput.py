@@ -45,7 +45,7 @@ def _state(kept, reached, costs=COSTS, plain_run=0, bins=(0,)):
   as2 = lambda x: jnp.atleast_2d(jnp.asarray(x, jnp.float32))  # [c, K]
   return GoodputState(as2(kept), as2(reached), jnp.zeros((len(costs),), jnp.int32),
                       jnp.array(plain_run), jnp.asarray(costs, jnp.float32),
-                      jnp.asarray(bins, jnp.int32))
+                      jnp.asarray(bins, jnp.int32), jnp.zeros((), jnp.int32))
 
 
 def test_choice_follows_acceptance_and_costs():
@@ -63,6 +63,16 @@ def test_choice_follows_acceptance_and_costs():
   assert int(goodput.choose(g, never.replace(plain_run=jnp.array(15)))) == 0
   assert int(goodput.choose(g, never.replace(plain_run=jnp.array(16)))) == 1
   assert int(goodput.choose(g, sure.replace(plain_run=jnp.array(16)))) == 3  # not cut short
+
+
+def test_a_draft_must_beat_a_plain_step_by_the_margin():
+  """A one-draft step promising 5% more tokens per second than a plain one (a_1 = 0.365: 1.365
+  tokens for 1.3 s) is taken with no margin, not with the default 10%; one promising 15% (a_1 =
+  0.495) is taken by both. Deeper drafts are never kept here, so k = 1 is the best draft."""
+  for a_1, taken in ((0.365, {0.0: 1, 0.1: 0}), (0.495, {0.0: 1, 0.1: 1})):
+    s = _state([a_1 * 51 - 1, 0.0, 0.0], [50.0] * 3)  # (kept + 1 * prior) / (50 + 1) = a_1
+    np.testing.assert_allclose(goodput.acceptance(Goodput(), s)[0, 0], a_1, rtol=1e-5)
+    assert {m: int(goodput.choose(Goodput(margin=m), s)) for m in taken} == taken
 
 
 def test_infinite_costs_take_lengths_out():
@@ -90,7 +100,7 @@ def test_unreached_positions_read_like_the_one_before():
   """Draft 1 kept 6 of 20 times, drafts 2-3 never checked: their estimates follow draft 1's
   (1/3), not the optimistic prior (1), so k = 1 pays (1.33 / 1.3 s) and k = 3 does not
   (1.48 / 1.9 s; with a prior of 1 on drafts 2-3 it would be 2.0 / 1.9 s, the best)."""
-  g = Goodput()
+  g = Goodput(margin=0.0)  # k = 1 wins by 2.6%, under the default margin
   s = _state([6.0, 0.0, 0.0], [20.0, 0.0, 0.0])
   np.testing.assert_allclose(goodput.acceptance(g, s), [[7 / 21] * 3], rtol=1e-6)
   assert int(goodput.choose(g, s)) == 1
@@ -115,6 +125,12 @@ def test_observe_counts_reached_and_kept_positions():
   np.testing.assert_allclose(s.kept, [0.5 * 1 + np.array([2, 1, 0])])
   assert s.steps.tolist() == [0, 0, 0, 1] and int(s.plain_run) == 0
   assert s.bins.tolist() == nxt.tolist()
+  # each observed state carries the next step's choice, which the loop's conditions read: a
+  # drafter never kept takes plain steps until the probe after 16 of them
+  state, zeros = s.replace(kept=jnp.zeros_like(s.kept), plain_run=jnp.array(14)), jnp.zeros(4, int)
+  for want in (0, 1):
+    state = goodput.observe(g, state, 0, zeros, zeros, nxt)
+    assert int(state.choice) == int(goodput.choose(g, state)) == want
 
 
 def test_observe_counts_each_row_in_its_signal_bin():
@@ -230,11 +246,15 @@ def test_never_accepted_settles_on_plain_decoding(tiny):
 
 def test_prompt_lookup_on_a_repeating_target_drafts_long(tiny, tiny_reference):
   """The tiny random target falls into repeating a token or a short cycle, so prompt lookup's
-  drafts are mostly kept: goodput never stops drafting and drafts 2-3 a step. Greedy equality
-  holds."""
-  out = _run(tiny, PromptLookup(max_ngram=3), prompts=PROMPTS, new=NEW)
+  drafts are mostly kept: with no margin goodput never stops drafting and drafts 2-3 a step;
+  with the default margin it still drafts 2-3 on most steps (a plain step where no draft
+  promised 10% over one). Greedy equality holds."""
+  out = _run(tiny, PromptLookup(max_ngram=3), prompts=PROMPTS, new=NEW, margin=0.0)
   assert out.tokens == [list(t) for t in tiny_reference]
   assert out.k_steps[0] == 0 and out.mean_k > 2.0, out.k_steps  # of at most 3
+  out = _run(tiny, PromptLookup(max_ngram=3), prompts=PROMPTS, new=NEW)
+  assert out.tokens == [list(t) for t in tiny_reference]
+  assert out.k_steps[2:].sum() >= 0.75 * out.k_steps.sum(), out.k_steps
 
 
 def test_signal_bins_skip_the_drafts_they_predict_rejected(tiny, tiny_reference):
@@ -384,7 +404,8 @@ def test_warm_up_runs_every_length_on_the_served_executable(tiny, monkeypatch):
     meta = lambda s: [(x.sharding, x.committed, x.unsafe_buffer_pointer())
                       for x in jax.tree.leaves(s.replace(key=None))]
     seen.append((None if state.goodput is None else
-                 [int(goodput.choose(spec.goodput, s.goodput)) for s in states],
+                 [(int(goodput.choose(spec.goodput, s.goodput)), int(s.goodput.choice))
+                  for s in states],
                  meta(state), [meta(s) for s in states]))
     return states
 
@@ -394,7 +415,7 @@ def test_warm_up_runs_every_length_on_the_served_executable(tiny, monkeypatch):
                              step_costs=COSTS)
   assert spec_loop._cache_size() == compiled + 1 and out.compile_s > 0
   (choices, served, warm), = seen
-  assert choices == [0, 1, 2, 3]
+  assert choices == [(0, 0), (1, 1), (2, 2), (3, 3)]  # each state holds the choice it forces
   for leaves in warm:
     assert [m[:2] for m in leaves] == [m[:2] for m in served]  # placement, committed or not
   pointers = [m[2] for leaves in [served, *warm] for m in leaves]

@@ -1,13 +1,15 @@
 """Goodput-driven draft length (SmartSpec) against fixed k, batch 1 and 8, greedy: prompt lookup
 (acceptance estimated per length of the n-gram match, the default, and pooled over all rows)
 and the shipped EAGLE drafter, and a drafter that is rarely accepted (a one-layer cut of the
-target as draft model), where goodput should settle on plain decoding.
+target as draft model), where goodput should settle on plain decoding; "no margin" rows take any
+draft that promises more tokens per second than a plain step (Goodput.margin = 0).
 speculax bench --config goodput"""
 from speculax.bench.config import BenchConfig, method
 from speculax.decode.goodput import Goodput
 
 EAGLE = "results/drafters/eagle-ttt-smollm2"
 POOLED = Goodput(signal=False)
+NO_MARGIN = Goodput(margin=0.0)
 
 BENCH = BenchConfig(
     methods=(
@@ -15,9 +17,11 @@ BENCH = BenchConfig(
         method("prompt lookup k=4", "prompt-lookup", k=4),
         method("prompt lookup goodput k<=4", "prompt-lookup", k=4, goodput=True),
         method("prompt lookup goodput k<=4, pooled", "prompt-lookup", k=4, goodput=POOLED),
+        method("prompt lookup goodput k<=4, no margin", "prompt-lookup", k=4, goodput=NO_MARGIN),
         method("eagle-ttt k=1", "eagle", k=1, heads=EAGLE),
         method("eagle-ttt k=2", "eagle", k=2, heads=EAGLE),
         method("eagle-ttt goodput k<=4", "eagle", k=4, heads=EAGLE, goodput=True),
+        method("eagle-ttt goodput k<=4, no margin", "eagle", k=4, heads=EAGLE, goodput=NO_MARGIN),
         method("1-layer cut k=2", "draft-model", k=2, draft_layers=1),
         method("1-layer cut goodput k<=2", "draft-model", k=2, draft_layers=1, goodput=True),
     ),
