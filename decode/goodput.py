@@ -63,9 +63,9 @@ class Goodput(Checked):
   # Estimates per bin of the drafter's signal (False: one estimate pooled over every row).
   signal: bool = True
   # How much more expected tokens per second a draft must promise than a plain step to be
-  # taken: a drafter near break-even (EAGLE + TTT at batch 1 on a 2-core CPU, kept 0.32 of the
-  # time against a one-draft step of 1.33 plain ones) otherwise drafts on the estimate's noise
-  # and loses more on the long drafts than it gains on the short ones.
+  # taken: a plain step's tokens are certain, a draft's an estimate, and a drafter near
+  # break-even (EAGLE + TTT at batch 1 on a 2-core CPU: kept 0.32 of the time against a
+  # one-draft step of 1.33 plain ones) otherwise drafts on the estimate's and the costs' noise.
   margin: float = field(0.1, ge=0)
 
 

@@ -146,19 +146,19 @@ def verify_cost(target: LoadedModel, sizes: Sizes, precision: str) -> dict:
 
 def loops(target: LoadedModel, sizes: Sizes, precision: str):
   """Yields a row per batch, attention and loop: median ms per loop step (prefill apart) over
-  interleaved rounds, tokens per step, and whether its tokens equal the XLA autoregressive
-  loop's. The goodput loop (k <= 4) runs with step costs forcing one length on every step, so
-  it decodes exactly what the fixed loop of that length does: the gap is its bookkeeping."""
+  interleaved rounds, tau, and whether its tokens equal the XLA autoregressive loop's. The
+  goodput loop (k <= 4) runs with step costs forcing one length on every step, so it decodes
+  exactly what the fixed loop of that length does: the gap is its bookkeeping."""
   kernel = "pallas-interpret" if sizes.interpret else "pallas"
   base = SpecConfig(k=4, max_new_tokens=sizes.new_tokens, eos_ids=())
   good = dataclasses.replace(base, goodput=goodput.Goodput())
   lookup = PromptLookup()
+  model = with_precision(target, precision)
+  p = model.params
   for batch in sizes.batches:
-    runs = {}
+    runs, prompts = {}, synthetic_prompts(model, batch)
     for impl in ("xla", kernel):
-      model = with_precision(target, precision)
-      c, p = model.config.with_runtime(attention_impl=impl), model.params
-      prompts = synthetic_prompts(model, batch)
+      c = model.config.with_runtime(attention_impl=impl)
       runs[impl, "autoregressive"] = lambda c=c, p=p, x=prompts: generate(p, c, x, base,
                                                                             warmup=True)
       runs[impl, "prompt lookup k=4"] = lambda c=c, p=p, x=prompts: speculative_generate(
@@ -374,8 +374,8 @@ def plot(results: dict, path: pathlib.Path) -> None:
   import matplotlib.pyplot as plt
   sec = results["sections"]
   drawn = [name for name in PANELS if sec.get(name)]
-  fig, axes = plt.subplots(1, max(len(drawn), 1), figsize=(6 * max(len(drawn), 1), 5),
-                           squeeze=False)
+  n = max(len(drawn), 1)
+  fig, axes = plt.subplots(1, n, figsize=(6 * n, 5), squeeze=False)
   for ax, name in zip(axes[0], drawn):
     values = PANELS[name](ax, sec[name])
     if values is not None:  # the measured values, written plainly, on the log axes
