@@ -57,6 +57,7 @@ from speculax.models.attention import attention, prefix_block_mask
 from speculax.models.config import PRECISIONS, get_preset
 from speculax.models.kernels.tree_attention import BlockSizes, default_backend, tree_attention
 from speculax.models.load import LoadedModel, load, with_precision
+from speculax.research import trace_summary
 from speculax.research.common import OUT, read_bandwidth
 from speculax.train import experiment
 from speculax.train.heads import HeadsConfig
@@ -144,11 +145,13 @@ def verify_cost(target: LoadedModel, sizes: Sizes, precision: str) -> dict:
           "cost": {t: s / seconds[1] for t, s in seconds.items()}}
 
 
-def loops(target: LoadedModel, sizes: Sizes, precision: str):
+def loops(target: LoadedModel, sizes: Sizes, precision: str, trace: pathlib.Path | None = None):
   """Yields a row per batch, attention and loop: median ms per loop step (prefill apart) over
   interleaved rounds, tau, and whether its tokens equal the XLA autoregressive loop's. The
   goodput loop (k <= 4) runs with step costs forcing one length on every step, so it decodes
-  exactly what the fixed loop of that length does: the gap is its bookkeeping."""
+  exactly what the fixed loop of that length does: the gap is its bookkeeping. With `trace`,
+  one more run of fixed k = 1 and of goodput forced to k' = 1 under the profiler (a perfetto
+  trace each under trace/), their rows then holding research/trace_summary's reading of it."""
   kernel = "pallas-interpret" if sizes.interpret else "pallas"
   base = SpecConfig(k=4, max_new_tokens=sizes.new_tokens, eos_ids=())
   good = dataclasses.replace(base, goodput=goodput.Goodput())
@@ -176,16 +179,36 @@ def loops(target: LoadedModel, sizes: Sizes, precision: str):
       for key, run in runs.items():
         outs[key] = run()
         step_ms[key].append(outs[key].step_s * 1e3)
+    traced = {} if trace is None else {
+        key: traced_run(runs[key], trace / f"b{batch}-{folder}") for key, folder in TRACED}
     reference = outs["xla", "autoregressive"].tokens
     for (impl, name), out in outs.items():
       ms = float(np.median(step_ms[impl, name]))
       row = dict(batch=batch, attention=impl, loop=name, step_ms=ms, rounds_ms=step_ms[impl, name],
                  tau=out.step_tokens / out.row_steps if out.row_steps else 1.0,
                  k_steps=None if out.k_steps is None else out.k_steps.tolist(),
-                 same_as_ar=sum(a == b for a, b in zip(out.tokens, reference)), sequences=batch)
+                 same_as_ar=sum(a == b for a, b in zip(out.tokens, reference)), sequences=batch,
+                 trace=traced.get((impl, name)))
       print(f"loops b{batch} {impl} {name}: {ms:.3f} ms/step", flush=True)
       yield row
     jax.clear_caches()
+
+
+# The loops --trace runs under the profiler, each with its trace's folder name.
+TRACED = ((("xla", "prompt lookup k=1"), "fixed-k1"),
+          (("xla", "goodput forced k'=1"), "goodput-k1"))
+
+
+def traced_run(run, folder: pathlib.Path) -> dict | None:
+  """Runs once under the profiler into folder: the loop program's longest execution as
+  research/trace_summary reads it, with the steps it ran (None where the platform writes no
+  per-program events, as XLA:CPU)."""
+  with jax.profiler.trace(folder, create_perfetto_trace=True):
+    out = run()
+  found = trace_summary.executions(trace_summary.read(trace_summary.find(folder)), "spec_loop")
+  if not found:
+    return None
+  return dict(max(found, key=lambda r: r["wall_ms"]), steps=out.forwards - 1)
 
 
 def kernel_vs_xla(sizes: Sizes):
@@ -303,6 +326,9 @@ def main(argv=None):
   ap.add_argument("--budget-min", type=float, default=18.0,
                   help="the drafter section starts only with this much of the run left")
   ap.add_argument("--drafters-dir", type=pathlib.Path, default=pathlib.Path("results/drafters"))
+  ap.add_argument("--trace", type=pathlib.Path, default=None, metavar="DIR",
+                  help="the loops section also traces fixed k = 1 and goodput forced to k' = 1 "
+                       "once each under the profiler into DIR (research/trace_summary.py)")
   ap.add_argument("--results", type=pathlib.Path, default=RESULTS,
                   help="JSON to write (and a .png beside it)")
   args = ap.parse_args(argv)
@@ -327,7 +353,7 @@ def main(argv=None):
     sections = {"autoregressive": lambda: autoregressive(target, sizes),
                 "verify": lambda: verify_cost(target, sizes, args.precision),
                 "attention": lambda: kernel_vs_xla(sizes),
-                "loops": lambda: loops(target, sizes, args.precision),
+                "loops": lambda: loops(target, sizes, args.precision, args.trace),
                 "training": lambda: training_throughput(target, sizes, pathlib.Path(tmp)),
                 "drafters": lambda: drafters(target, sizes, args)}
     for name in args.sections.split(","):
@@ -461,6 +487,14 @@ def markdown(results: dict) -> str:
                        [[r["batch"], r["attention"], r["loop"], r["step_ms"],
                          " / ".join(f"{m:.3f}" for m in r["rounds_ms"]), r["tau"],
                          f"{r['same_as_ar']}/{r['sequences']}"] for r in sec["loops"]]))
+    traced = [r for r in sec["loops"] if r.get("trace")]
+    if traced:
+      parts.append(table(["batch", "loop (traced once)", "wall ms/step", "device busy ms/step",
+                          "host launches/step"],
+                         [[r["batch"], r["loop"], r["trace"]["wall_ms"] / r["trace"]["steps"],
+                           r["trace"]["device_busy_ms"] / r["trace"]["steps"],
+                           sum(r["trace"]["host_launches"].values()) / r["trace"]["steps"]]
+                          for r in traced]))
   if "training" in sec:
     r = sec["training"]
     parts.append(f"EAGLE training: {r['tokens_per_s']:.0f} tokens/s (batch {r['batch']} x "

@@ -29,7 +29,7 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$bg/gpu.txt"
     python3 -P -c "import jax; print('jax', jax.__version__, jax.devices())"
     setsid nohup "${suite[@]}" --random-weights --model smollm2-135m --batches 1,8 \
-      --sections loops,attention,verify,training,autoregressive \
+      --sections loops,attention,verify,training,autoregressive --trace "$bg/trace" \
       --results "$bg/accelerator_suite.json" >"$bg/accelerator_suite.log" 2>&1 </dev/null &
     echo $! >"$bg/pid"
     sleep 20

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from speculax.models.config import PRECISIONS
-from speculax.research import accelerator_suite
+from speculax.research import accelerator_suite, trace_summary
 
 pytestmark = pytest.mark.slow  # reads SmolLM2's tokenizer from the GGUF
 
@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow  # reads SmolLM2's tokenizer from the GGUF
 def test_smoke_runs_every_section(tmp_path):
   path = tmp_path / "suite.json"
   results = accelerator_suite.main(["--smoke", "--results", str(path),
-                                    "--drafters-dir", str(tmp_path / "no-drafters")])
+                                    "--drafters-dir", str(tmp_path / "no-drafters"),
+                                    "--trace", str(tmp_path / "trace")])
   assert results["errors"] == {}
   assert json.loads(path.read_text())["sections"].keys() == results["sections"].keys() == {
       "autoregressive", "verify", "attention", "loops", "training", "drafters"}
@@ -50,6 +51,8 @@ def test_smoke_runs_every_section(tmp_path):
     assert steps[k] == sum(steps) > 0, steps
   assert loops["xla", "goodput forced k'=1"]["tau"] == loops["xla", "prompt lookup k=1"]["tau"]
   assert loops["xla", "goodput forced k'=0"]["tau"] == 1.0
+  for folder in ("b1-fixed-k1", "b1-goodput-k1"):  # --trace: one profiled run each
+    assert trace_summary.find(tmp_path / "trace" / folder).stat().st_size > 0
 
   train = sec["training"]
   assert train["tokens_per_s"] > 0 and train["steps"] == sizes.train_steps
