@@ -153,21 +153,18 @@ def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
   the step (rows done before it count nothing); bins [b] the rows' bins for the next step. A
   plain step (k = 0) leaves the estimate as it is and counts towards the next probe. The state
   returned holds its own choice for the next step."""
-  state = _observe(goodput, state, k, checked, n_accepted, bins)
-  return state.replace(choice=choose(goodput, state))
-
-
-def _observe(goodput, state, k, checked, n_accepted, bins):
   steps = state.steps.at[k].add(1)
   if k == 0:
-    return state.replace(steps=steps, plain_run=state.plain_run + 1, bins=bins)
-  pos = jnp.arange(state.kept.shape[1])[None]  # [1, K]
-  reached = (pos < checked[:, None]) & (pos <= n_accepted[:, None])  # [b, K]
-  kept = reached & (pos < n_accepted[:, None])
-  row_bin = jax.nn.one_hot(state.bins, state.kept.shape[0]).T  # [c, b], a done row all zero
-  # Only the bins this step saw decay: a bin rarely met keeps what it learnt.
-  decay = jnp.where(row_bin.any(1), goodput.decay, 1.0)[:, None]  # [c, 1]
-  return state.replace(
-      kept=decay * state.kept + row_bin @ kept,
-      reached=decay * state.reached + row_bin @ reached,
-      steps=steps, plain_run=jnp.zeros_like(state.plain_run), bins=bins)
+    state = state.replace(steps=steps, plain_run=state.plain_run + 1, bins=bins)
+  else:
+    pos = jnp.arange(state.kept.shape[1])[None]  # [1, K]
+    reached = (pos < checked[:, None]) & (pos <= n_accepted[:, None])  # [b, K]
+    kept = reached & (pos < n_accepted[:, None])
+    row_bin = jax.nn.one_hot(state.bins, state.kept.shape[0]).T  # [c, b], a done row all zero
+    # Only the bins this step saw decay: a bin rarely met keeps what it learnt.
+    decay = jnp.where(row_bin.any(1), goodput.decay, 1.0)[:, None]  # [c, 1]
+    state = state.replace(
+        kept=decay * state.kept + row_bin @ kept,
+        reached=decay * state.reached + row_bin @ reached,
+        steps=steps, plain_run=jnp.zeros_like(state.plain_run), bins=bins)
+  return state.replace(choice=choose(goodput, state))

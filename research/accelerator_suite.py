@@ -46,7 +46,6 @@ from speculax.bench.measure import chained_seconds, forward_seconds, machine
 from speculax.bench.report import table
 from speculax.configs.bench import drafters as drafter_set
 from speculax.core import overrides
-from speculax.decode import goodput
 from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.speculative import speculative_generate
@@ -57,7 +56,7 @@ from speculax.models.attention import attention, prefix_block_mask
 from speculax.models.config import PRECISIONS, get_preset
 from speculax.models.kernels.tree_attention import BlockSizes, default_backend, tree_attention
 from speculax.models.load import LoadedModel, load, with_precision
-from speculax.research import trace_summary
+from speculax.research import goodput_overhead, trace_summary
 from speculax.research.common import OUT, read_bandwidth
 from speculax.train import experiment
 from speculax.train.heads import HeadsConfig
@@ -154,31 +153,20 @@ def loops(target: LoadedModel, sizes: Sizes, precision: str, trace: pathlib.Path
   trace each under trace/), their rows then holding research/trace_summary's reading of it."""
   kernel = "pallas-interpret" if sizes.interpret else "pallas"
   base = SpecConfig(k=4, max_new_tokens=sizes.new_tokens, eos_ids=())
-  good = dataclasses.replace(base, goodput=goodput.Goodput())
   lookup = PromptLookup()
   model = with_precision(target, precision)
   p = model.params
   for batch in sizes.batches:
-    runs, prompts = {}, synthetic_prompts(model, batch)
-    for impl in ("xla", kernel):
-      c = model.config.with_runtime(attention_impl=impl)
-      runs[impl, "autoregressive"] = lambda c=c, p=p, x=prompts: generate(p, c, x, base,
-                                                                            warmup=True)
-      runs[impl, "prompt lookup k=4"] = lambda c=c, p=p, x=prompts: speculative_generate(
-          p, c, x, lookup, base, warmup=True)
-      if impl != "xla":
-        continue
-      for k in (0, 1):  # the goodput loop forced to k' on every step
-        runs[impl, f"goodput forced k'={k}"] = lambda c=c, p=p, x=prompts, k=k: (
-            speculative_generate(p, c, x, lookup, good, warmup=True,
-                                 step_costs=goodput.forcing(k, base.k + 1)))
-      runs[impl, "prompt lookup k=1"] = lambda c=c, p=p, x=prompts: speculative_generate(
-          p, c, x, lookup, dataclasses.replace(base, k=1), warmup=True)
-    step_ms, outs = {key: [] for key in runs}, {}
-    for _ in range(sizes.loop_rounds):
-      for key, run in runs.items():
-        outs[key] = run()
-        step_ms[key].append(outs[key].step_s * 1e3)
+    prompts = synthetic_prompts(model, batch)
+    runs = {("xla", name): run for name, run in goodput_overhead.overhead_runs(
+        p, model.config, prompts, lookup, None, base.k, base.max_new_tokens,
+        "prompt lookup").items()}
+    pallas = model.config.with_runtime(attention_impl=kernel)
+    runs[kernel, "autoregressive"] = lambda: generate(p, pallas, prompts, base, warmup=True)
+    for impl, c in (("xla", model.config), (kernel, pallas)):
+      runs[impl, "prompt lookup k=4"] = lambda c=c: speculative_generate(
+          p, c, prompts, lookup, base, warmup=True)
+    step_ms, outs = goodput_overhead.interleaved(runs, sizes.loop_rounds)
     traced = {} if trace is None else {
         key: traced_run(runs[key], trace / f"b{batch}-{folder}") for key, folder in TRACED}
     reference = outs["xla", "autoregressive"].tokens

@@ -1,9 +1,10 @@
-"""What goodput-driven draft length costs when it drafts nothing: the goodput loop forced to
-k' = 0 on every step (a cost model where any draft is dear) against the autoregressive loop,
-and a fixed one-draft step for scale, on the same prompts `--batch` at a time, interleaved,
-compile apart. The drafter still sees every plain step (a draft model or EAGLE feeds the
-verified token into its own cache), so its share shows here. Prints the median milliseconds of
-a loop step (prefill apart) and writes JSON.
+"""What goodput-driven draft length costs: the goodput loop forced to k' = 0 on every step (a
+cost model where any draft is dear) against the autoregressive loop, and forced to k' = 1
+against the fixed k = 1 loop (the same tokens: the gap is goodput's bookkeeping), on the same
+prompts `--batch` at a time, interleaved, compile apart. The drafter still sees every plain
+step (a draft model or EAGLE feeds the verified token into its own cache), so its share shows
+here. Prints the median milliseconds of a loop step (prefill apart) and writes JSON. The
+accelerator suite's `loops` section runs the same set on a GPU.
 
   .venv/bin/python -m speculax.research.goodput_overhead [--prompts 2] [--batch 1]
       [--repeats 3] [--heads results/drafters/eagle-ttt-smollm2]
@@ -18,13 +19,48 @@ from speculax.bench.measure import machine
 from speculax.bench.report import table
 from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
-from speculax.decode.goodput import Goodput
+from speculax.decode.goodput import Goodput, forcing
 from speculax.decode.speculative import speculative_generate
 from speculax.drafters import registry
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models.load import load
 from speculax.research.common import (add_loop_runs, add_target_and_out, median,
                                       parse_loop_runs, prompt_batches)
+
+
+def overhead_runs(params, config, prompts, drafter, dparams, k: int, new_tokens: int,
+                  label: str) -> dict:
+  """The loops compared, by name, each a call that decodes prompts once (compiled apart):
+  autoregressive, the goodput loop (k' <= k) forced to k' = 0 and to k' = 1 on every step (a
+  forced loop that drafted another length raises), and fixed k = 1 ("<label> k=1")."""
+  base = SpecConfig(k=k, max_new_tokens=new_tokens, eos_ids=())
+  good = dataclasses.replace(base, goodput=Goodput())
+
+  def forced(n):
+    def run():
+      out = speculative_generate(params, config, prompts, drafter, good, dparams, warmup=True,
+                                 step_costs=forcing(n, k + 1))
+      if out.k_steps[n] != out.k_steps.sum():
+        raise RuntimeError(f"the loop forced to k' = {n} drafted: k_steps {out.k_steps.tolist()}")
+      return out
+    return run
+
+  return {"autoregressive": lambda: generate(params, config, prompts, base, warmup=True),
+          "goodput forced k'=0": forced(0), "goodput forced k'=1": forced(1),
+          f"{label} k=1": lambda: speculative_generate(
+              params, config, prompts, drafter, dataclasses.replace(base, k=1), dparams,
+              warmup=True)}
+
+
+def interleaved(runs: dict, rounds: int) -> tuple[dict, dict]:
+  """Every run `rounds` times, round-robin: ({name: [ms per loop step, a round each]}, {name:
+  its last output})."""
+  step_ms, outs = {name: [] for name in runs}, {}
+  for _ in range(rounds):
+    for name, run in runs.items():
+      outs[name] = run()
+      step_ms[name].append(1e3 * outs[name].step_s)
+  return step_ms, outs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,28 +74,13 @@ def main(argv: list[str] | None = None) -> None:
   if args.heads:
     loaded = registry.load(args.heads, model)
     drafter, dparams = loaded.drafter, loaded.params
-  base = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=())
-  goodput = dataclasses.replace(base, goodput=Goodput())
-  plain_only = [1.0] + [float("inf")] * args.k  # step costs that leave only k' = 0, no probe
-  runs = {
-      "autoregressive loop": lambda p: generate(model.params, model.config, p, base,
-                                                warmup=True),
-      "goodput loop, k' = 0 every step": lambda p: speculative_generate(
-          model.params, model.config, p, drafter, goodput, dparams, warmup=True,
-          step_costs=plain_only),
-      f"{drafter.name}, k = 1": lambda p: speculative_generate(
-          model.params, model.config, p, drafter, dataclasses.replace(base, k=1), dparams,
-          warmup=True),
-  }
-  step_ms = {name: [] for name in runs}
-  for _ in range(args.repeats):
-    for p in batches:
-      for name, run in runs.items():
-        out = run(p)
-        if out.k_steps is not None and out.k_steps[0] != out.k_steps.sum():
-          raise RuntimeError(f"the forced loop drafted: k_steps {out.k_steps.tolist()}")
-        step_ms[name].append(1e3 * out.step_s)
-  ar = median(step_ms["autoregressive loop"])
+  step_ms = {}
+  for p in batches:  # each batch's loops interleaved, the rounds pooled over batches
+    runs = overhead_runs(model.params, model.config, p, drafter, dparams, args.k,
+                         args.new_tokens, drafter.name)
+    for name, ms in interleaved(runs, args.repeats)[0].items():
+      step_ms.setdefault(name, []).extend(ms)
+  ar = median(step_ms["autoregressive"])
   result = dict(machine=machine(), drafter=args.heads or "prompt lookup",
                 prompts=args.prompts, batch=args.batch, repeats=args.repeats,
                 new_tokens=args.new_tokens, step_ms=step_ms,
