@@ -54,6 +54,10 @@ def markdown(result: dict) -> str:
     for row, r in zip(rows, result["rows"]):
       row.insert(header.index("tok/s rounds"),
                  " ".join(f"{x:.3g}" for x in r.get("tokens_per_s_rounds", ())))
+  if any(r["batch"] > 1 for r in result["rows"]):  # finished rows ride along: see rows_active
+    header.insert(header.index("drafts/step") + 1, "rows active")
+    for row, r in zip(rows, result["rows"]):
+      row.insert(header.index("rows active"), r.get("rows_active"))
   if any(r.get("k_steps") for r in result["rows"]):  # goodput-driven rows: choices and costs
     ints = lambda xs, f="{}": "/".join(f.format(x) for x in xs) if xs else "-"
     # 3 digits: a GPU step is ~1 ms, a CPU one 25-130

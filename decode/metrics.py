@@ -67,6 +67,15 @@ class DecodeOutput:
     return self.accepted_at / max(self.row_steps, 1)
 
   @property
+  def rows_active(self) -> float | None:
+    """Share of the loop's row-steps spent on a sequence still generating (None: no speculative
+    steps). At batch > 1 a finished row rides along in every later step until the last row
+    finishes, so a batch's speedup over AR is about tau x this share / a step's cost in AR steps
+    (1.0 at batch 1)."""
+    steps = (self.forwards - 1) * len(self.tokens)
+    return self.row_steps / steps if self.row_steps and steps else None
+
+  @property
   def draft_length(self) -> float:
     """Mean draft tokens the target checked per step per sequence (tree nodes for a tree)."""
     return self.drafted / self.row_steps if self.row_steps else 0.0
@@ -83,7 +92,7 @@ class DecodeOutput:
     return dict(tokens=self.tokens, new_tokens=self.new_tokens, tokens_per_s=self.tokens_per_s,
                 prefill_s=self.prefill_s, decode_s=self.decode_s, compile_s=self.compile_s,
                 forwards=self.forwards, tau=self.tau, acceptance=self.acceptance.tolist(),
-                drafts_per_step=self.draft_length,
+                drafts_per_step=self.draft_length, rows_active=self.rows_active,
                 k_steps=None if self.k_steps is None else self.k_steps.tolist(),
                 step_costs=None if self.step_costs is None else self.step_costs.tolist(),
                 post_steps=self.post_steps, lossy=self.lossy)
@@ -97,6 +106,8 @@ class DecodeOutput:
             f"{self.forwards} target forwards, "
             f"tau {self.tau:.2f}" + (f", acceptance by position [{acc}], {self.draft_length:.2f} "
                                      "drafts checked per step" if acc else "")
+            + ("" if len(self.tokens) < 2 or self.rows_active is None else
+               f"; {self.rows_active:.0%} of the batch's row-steps on unfinished rows")
             + ("" if self.k_steps is None else
                f"; goodput chose k = 0..{len(self.k_steps) - 1} in "
                f"{'/'.join(str(int(n)) for n in self.k_steps)} steps")

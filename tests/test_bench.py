@@ -68,6 +68,8 @@ def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_pa
   assert skip["k_steps"] is None and rows[0]["k_steps"] is None
   assert len(lookup["step_costs"]) == 4 and skip["step_costs"] is None  # goodput's costs
   assert tree["drafts_per_step"] == 4  # the tree's 2 + 2 nodes, checked every step
+  assert all(r["rows_active"] == 1.0 for r in rows[1:5])  # batch 1: the one row is active
+  assert all(0 < r["rows_active"] <= 1 for r in rows[7:11]) and rows[6]["rows_active"] is None
   assert pearl["pearl"] == "two-device" and lookup["pearl"] is None
   assert lookup["verify_cost"] > 0 and rows[0]["verify_cost"] == 1.0
   assert rows[6]["verify_cost"] == 1.0 and rows[7]["verify_cost"] > 0  # batch 2 split too
@@ -77,7 +79,7 @@ def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_pa
   assert saved["rows"] == json.loads(json.dumps(rows))
   md = (tmp_path / "t.md").read_text()
   assert md == report.markdown(saved) + "\n" and "| draft model tree |" in md
-  assert "calibrated step ms at 0..k" in md and "/".join(map(str, lookup["k_steps"])) in md
+  assert "| rows active |" in md and "calibrated step ms at 0..k" in md and "/".join(map(str, lookup["k_steps"])) in md
   assert (tmp_path / "t.png").stat().st_size > 5000
 
 

@@ -54,6 +54,7 @@ def test_metrics_when_the_drafter_is_the_target(tiny):
   assert out.forwards == 5 and out.tau == 5.0
   np.testing.assert_array_equal(out.acceptance, np.ones(4))
   assert out.new_tokens == 4 * 21 and out.draft_length == 4.0
+  assert out.rows_active == 1.0  # every row finishes in the same step
 
 
 def test_prompt_lookup_accepts_on_repetitive_text(tiny, tiny_reference):
@@ -72,6 +73,11 @@ def test_eos_stops_like_target_only(tiny, tiny_reference):
                               SpecConfig(k=3, max_new_tokens=NEW, eos_ids=(eos,)))
   assert spec.tokens == gen.tokens
   assert spec.tokens[1][-1] == eos and len(spec.tokens[1]) <= 6
+  # Row 1 is done after a few steps and rides along in the rest: the batch's later steps serve
+  # at most 3 of 4 rows.
+  steps = spec.forwards - 1
+  assert spec.row_steps < 4 * steps and spec.rows_active == spec.row_steps / (4 * steps)
+  assert "of the batch's row-steps on unfinished rows" in spec.summary()
 
 
 @pytest.mark.parametrize("name", ["layer-skip", "draft-model"])
