@@ -79,7 +79,8 @@ def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_pa
   assert saved["rows"] == json.loads(json.dumps(rows))
   md = (tmp_path / "t.md").read_text()
   assert md == report.markdown(saved) + "\n" and "| draft model tree |" in md
-  assert "| rows active |" in md and "calibrated step ms at 0..k" in md and "/".join(map(str, lookup["k_steps"])) in md
+  assert "| rows active |" in md and "calibrated step ms at 0..k" in md
+  assert "/".join(map(str, lookup["k_steps"])) in md
   assert (tmp_path / "t.png").stat().st_size > 5000
 
 
