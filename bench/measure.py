@@ -72,7 +72,7 @@ class Run:
   decode_s: float  # wall time of the decode loops (prefill apart)
   tokens: list[list[int]]  # new tokens per prompt, in order
   k_steps: list[int] | None = None  # goodput-driven runs: loop steps that drafted 0..k
-  rows_active: float | None = None  # share of row-steps on unfinished rows (DecodeOutput's)
+  rows_active: float | None = None  # share of row-steps on unfinished rows, every batch
 
 
 def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int = 1,
@@ -86,7 +86,6 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
   pearl_form: PEARL's form (decode/pearl.FORMS) instead of draft-then-verify.
   """
   wall = n_tokens = row_steps = step_tokens = compile_s = accepted = drafted = steps = decode = 0
-  batch_steps = 0  # loop steps x rows of speculative runs
   tokens, k_steps = [], None
   for i in range(0, len(prompts) - batch + 1, batch):
     key, chunk = jax.random.key(i), prompts[i:i + batch]
@@ -102,7 +101,6 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
         dparams = out.drafter_state
       row_steps, step_tokens = row_steps + out.row_steps, step_tokens + out.step_tokens
       accepted, drafted = accepted + out.accepted_at, drafted + out.drafted
-      batch_steps += (out.forwards - 1) * len(chunk)
       if out.k_steps is not None:
         k_steps = out.k_steps + (0 if k_steps is None else k_steps)
     wall, n_tokens, compile_s = wall + out.wall_s, n_tokens + out.new_tokens, compile_s + out.compile_s
@@ -112,4 +110,4 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
   acceptance = (np.asarray(accepted) / max(row_steps, 1)).tolist() if row_steps else []
   return Run(n_tokens / wall, tau, acceptance, drafted / max(row_steps, 1), compile_s, steps,
              decode, tokens, None if k_steps is None else k_steps.tolist(),
-             row_steps / batch_steps if row_steps else None)
+             row_steps / (steps * batch) if row_steps else None)  # every chunk holds `batch`
