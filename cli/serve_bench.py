@@ -28,6 +28,7 @@ from speculax.cli.args import (
 )
 from speculax.core.sampling import SamplingConfig
 from speculax.decode.config import SpecConfig
+from speculax.decode.goodput import Goodput
 from speculax.serve.loop import BatchReport, serve
 from speculax.serve.online import OnlineConfig, OnlineLearner
 from speculax.serve.replay import POLICIES
@@ -56,6 +57,10 @@ def add_parser(sub) -> None:
   p.add_argument("--seed", type=count(0), default=0)
   p.add_argument("--limit", type=count(0), default=0,
                  help="serve only the first N prompts (0 = all)")
+  p.add_argument("--goodput", action="store_true",
+                 help="goodput-driven draft length (SmartSpec): each step drafts the 0..k that "
+                      "promises the most tokens/s, from step costs calibrated on the first "
+                      "batch of each size and an acceptance estimate carried batch to batch")
   p.add_argument("--online", action="store_true", help="adapt the draft model while serving")
   p.add_argument("--update-every", type=count(1), default=8, help="online: requests between rounds")
   p.add_argument("--min-positions", type=count(1), default=32,
@@ -108,14 +113,17 @@ def _row(n: int, report: BatchReport, phase: str) -> dict:
   return dict(batch=n, phase=phase, requests=[s.index for s in report.served],
               errors=[s.error for s in report.served if s.error], acceptance=report.acceptance,
               tau=report.tau, tokens_per_s=report.tokens_per_s if report.new_tokens else 0.0,
-              accepted_at=np.asarray(report.accepted_at).tolist(), update=report.update)
+              accepted_at=np.asarray(report.accepted_at).tolist(), update=report.update,
+              k_steps=None if report.k_steps is None else report.k_steps.tolist())
 
 
 def _line(label: str, rows, report: BatchReport, elapsed: float) -> str:
   acc = [r["acceptance"] for r in rows if np.isfinite(r["acceptance"])]
   text = (f"{label}batch {rows[-1]['batch']:3d} {rows[-1]['phase'][:8]:8s} acceptance "
           f"{report.acceptance:.3f} tau {report.tau:.2f} {rows[-1]['tokens_per_s']:6.1f} tok/s "
-          f"|{curve(acc)}| (top {max(acc, default=0.0):.3f}) {elapsed:.0f}s")
+          f"|{curve(acc)}| (top {max(acc, default=0.0):.3f}) {elapsed:.0f}s"
+          + ("" if report.k_steps is None else
+             f" k'=0..{len(report.k_steps) - 1}: {'/'.join(map(str, report.k_steps))} steps"))
   if report.update is not None:
     u = report.update
     text += (f"\n  round {u['round']}: loss {u['loss']:.3f}, held-out acceptance "
@@ -139,7 +147,8 @@ def run(args) -> int:
                           seq_len=args.seq_len, all_positions=args.all_positions,
                           heldout_every=args.heldout_every, seed=args.seed)
   spec = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens,
-                    sampling=SamplingConfig(args.temperature), prompt_bucket=128)
+                    sampling=SamplingConfig(args.temperature), prompt_bucket=128,
+                    goodput=Goodput() if args.goodput else None)
   options, fields = drafter_options(args)
   check_drafter_options(args.drafter, options, fields)
   load = runtime_loader(args)

@@ -82,6 +82,21 @@ def step_costs(costs, k: int) -> np.ndarray:
   return c.astype(np.float32)
 
 
+def estimate(counts, n_bins: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+  """The (kept, reached) float32 [n_bins, k] counts a goodput loop starts from (a previous
+  call's DecodeOutput.goodput_estimate, for the same drafter, k and policy), checked: that shape,
+  finite, 0 <= kept <= reached."""
+  kept, reached = (np.asarray(c, np.float64) for c in counts)
+  if kept.shape != (n_bins, k) or reached.shape != (n_bins, k):
+    raise ValueError(f"a goodput estimate holds (kept, reached) counts of shape ({n_bins}, {k}) "
+                     f"(signal bins, k) here, got {kept.shape} and {reached.shape}")
+  if not (np.isfinite(kept).all() and np.isfinite(reached).all()
+          and (kept >= 0).all() and (kept <= reached + 1e-6 * (1 + reached)).all()):
+    raise ValueError(f"a goodput estimate needs finite counts with 0 <= kept <= reached, got "
+                     f"kept {kept.tolist()} and reached {reached.tolist()}")
+  return kept.astype(np.float32), reached.astype(np.float32)
+
+
 def forcing(k: int, n_lengths: int) -> np.ndarray:
   """[n_lengths] float32 step costs under which every loop step drafts k: 1 there, +inf (never)
   at every other length (calibration times one length so; the warm-up runs each)."""
@@ -101,9 +116,12 @@ class GoodputState:
 
   @classmethod
   def init(cls, goodput: Goodput, step_costs: jax.Array, bins: jax.Array,
-           n_bins: int) -> GoodputState:
+           estimate: tuple[jax.Array, jax.Array]) -> GoodputState:
+    """estimate: the (kept, reached) [c, K] counts to start from (zeros: every position at its
+    prior; a previous call's to go on learning, as `estimate` checks them)."""
     k = step_costs.shape[0] - 1
-    state = cls(jnp.zeros((n_bins, k), jnp.float32), jnp.zeros((n_bins, k), jnp.float32),
+    kept, reached = estimate
+    state = cls(jnp.asarray(kept, jnp.float32), jnp.asarray(reached, jnp.float32),
                 jnp.zeros((k + 1,), jnp.int32), jnp.zeros((), jnp.int32),
                 jnp.asarray(step_costs, jnp.float32), jnp.asarray(bins, jnp.int32),
                 jnp.zeros((), jnp.int32))

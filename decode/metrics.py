@@ -29,6 +29,9 @@ class DecodeOutput:
   # Goodput-driven only: [k + 1] the step costs it weighed (seconds of a step drafting 0..k),
   # to pass again (sx.speculate(goodput=out.step_costs)) instead of recalibrating.
   step_costs: np.ndarray | None = None
+  # Goodput-driven only: the acceptance counts the loop ended with (kept, reached [signal bins,
+  # k]), to start the next call from (speculative_generate(estimate=...); serve carries them).
+  goodput_estimate: tuple[np.ndarray, np.ndarray] | None = None
   # PEARL only (decode/pearl.py): of row_steps, those in post-verify (drafts ready from the
   # step before, drafted while the target verified).
   post_steps: int | None = None

@@ -171,15 +171,16 @@ def begin(key, tokens, lengths, logits, spec, max_len: int, budget):
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "drafter", "max_len"))
 def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidden, cache, key,
-           max_len, budget, step_costs):
+           max_len, budget, step_costs, estimate):
   """The loop state after the prefill, with the drafter's state (which may read the prefill's
-  hidden states); step_costs [k + 1] (goodput runs, else None)."""
+  hidden states); step_costs [k + 1] and estimate (kept, reached [bins, k]): goodput runs',
+  else None."""
   key, history, lengths, n_out, done = begin(key, tokens, lengths, logits, spec, max_len, budget)
   view = TargetView(params, cache, history, lengths, prompt_hidden=hidden)
   dstate = drafter.init(dparams, view, config, max_len)
   gstate = None if spec.goodput is None else goodput.GoodputState.init(
       spec.goodput, step_costs, row_bins(spec, drafter, dparams, dstate, view, config, done),
-      n_bins(spec, drafter))
+      estimate)
   return SpecState(
       cache=cache, history=history, lengths=lengths, n_out=n_out, done=done,
       drafter=dstate, key=key,
@@ -225,7 +226,7 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
                          spec: SpecConfig = SpecConfig(), drafter_params=None,
                          key: jax.Array | None = None, mesh: MeshConfig | None = None,
                          warmup: bool = False, step_costs=None,
-                         new_tokens: int | None = None) -> DecodeOutput:
+                         new_tokens: int | None = None, estimate=None) -> DecodeOutput:
   """Speculative decoding of a batch of prompts (lists of token ids) with `drafter`.
 
   drafter_params: arrays the drafter reads (a draft model's weights), or None.
@@ -234,6 +235,9 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   0..k (decode/calibrate.py; +inf: never that length).
   new_tokens: this run's most new tokens per prompt (None: spec.max_new_tokens, which sizes
   the compiled loop; fewer reuse it).
+  estimate: with spec.goodput, the acceptance counts to start from (a previous call's
+  out.goodput_estimate, same drafter and k): a stream of calls keeps learning what the drafter
+  earns instead of starting each call from the optimistic prior. None: start from the prior.
   """
   verifier = type(drafter.verifier())
   if spec.goodput is not None and verifier is not ChainVerifier:
@@ -247,13 +251,20 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
     raise ValueError("step_costs go with spec.goodput and only with it (decode/calibrate.py "
                      f"measures them); got goodput={spec.goodput} and step_costs={step_costs}")
   costs = None if step_costs is None else goodput.step_costs(step_costs, spec.k)
+  if estimate is not None and spec.goodput is None:
+    raise ValueError("a goodput estimate goes with spec.goodput; this run drafts a fixed "
+                     f"k={spec.k}")
+  if spec.goodput is not None:  # always arrays: one compiled start with or without one
+    counts = n_bins(spec, drafter), spec.k
+    estimate = goodput.estimate([np.zeros(counts)] * 2 if estimate is None else estimate,
+                                *counts)
   drafter.check(config, drafter_params, spec.k)
   drafter_params = drafter.prepare(drafter_params, params, config)
   # Room past the new tokens: one verify block (k or tree nodes, + 1) after the last.
   program = engine.Program(
       extra_slots=block_shape(drafter, spec)[0] + 1, hidden_layers=drafter.hidden_layers,
       start=lambda params, *args: _start(params, drafter_params, config, spec, drafter, *args,
-                                         step_costs=costs),
+                                         step_costs=costs, estimate=estimate),
       loop=lambda params, state: spec_loop(params, drafter_params, config, spec, drafter, state),
       new_tokens=lambda s: (s.history, s.lengths - s.n_out, s.n_out), warm_states=warm_states)
   state, out = engine.run(params, config, prompts, spec, program, key, mesh, warmup,
@@ -263,4 +274,6 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
       accepted_at=np.asarray(state.accepted_at), drafted=int(state.drafted),
       k_steps=None if state.goodput is None else np.asarray(state.goodput.steps),
       step_costs=costs, drafter_state=state.drafter,
+      goodput_estimate=None if state.goodput is None else (
+          np.asarray(state.goodput.kept), np.asarray(state.goodput.reached)),
       lossy=None if spec.lossy is None else str(spec.lossy))

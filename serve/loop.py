@@ -9,6 +9,11 @@ may learn from what it serves.
     the drafter params the next batches use;
   - hot (Token Recycling, the train-free counterpart): the drafter's final state of one batch is
     the next batch's params (`drafter.hot_start`).
+With spec.goodput (SmartSpec's serving setting) each step drafts the k' in 0..k that promises
+the most tokens per second (decode/goodput.py), weighing step costs calibrated on the first
+batch of each size and an acceptance estimate carried from batch to batch: the stream goes on
+learning what the drafter earns, where each batch alone would start from the optimistic prior
+and pay for long drafts until its own outcomes said otherwise.
 A request that cannot be served (too long for the cache, ids outside the vocabulary) is answered
 with its error and the rest of the stream goes on. Yields one `BatchReport` per batch.
 """
@@ -21,6 +26,7 @@ import jax
 import numpy as np
 
 from speculax.core import fields
+from speculax.decode.calibrate import calibrate
 from speculax.decode.config import SpecConfig
 from speculax.decode.inputs import check_prompt, check_room
 from speculax.decode.speculative import block_shape, speculative_generate
@@ -45,6 +51,7 @@ class BatchReport:
   new_tokens: int
   seconds: float  # prefill + decode, compile excluded
   update: dict | None = None  # the learner's round after this batch, if one ran
+  k_steps: np.ndarray | None = None  # goodput only: [k + 1] loop steps that drafted 0..k
 
   @property
   def tokens_per_s(self) -> float:
@@ -62,11 +69,16 @@ def _refusal(prompt, config, spec: SpecConfig, extra: int) -> str | None:
 
 def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: SpecConfig,
           drafter_params=None, batch_size: int = 4, learner: OnlineLearner | None = None,
-          key: jax.Array | None = None) -> Iterator[BatchReport]:
+          key: jax.Array | None = None, step_costs=None,
+          carry_estimate: bool = True) -> Iterator[BatchReport]:
   """Decodes `requests` in arrival order, `batch_size` at a time (the last batch may be smaller).
 
   learner: adapt the drafter online (its params replace drafter_params); the drafter must be
   the draft model whose params the learner trains.
+  step_costs: with spec.goodput, [k + 1] seconds of a step drafting 0..k for every batch
+  (decode/calibrate.py); None: calibrated on the first batch of each size.
+  carry_estimate: with spec.goodput, each batch starts from the acceptance estimate the last
+  one ended with (False: from the prior, as a lone call does; to measure what carrying buys).
   """
   fields.check("batch_size", batch_size, int, ge=1)
   hot = drafter.hot_start
@@ -82,6 +94,7 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
   extra, depth = block_shape(drafter, spec)
   key = jax.random.key(0) if key is None else key
   compiled = set()
+  costs, estimate = {}, None  # goodput: step costs per batch size, the carried estimate
   stream = iter(enumerate(requests))
   refused: list[Served] = []
   while True:
@@ -100,9 +113,14 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
     shape = (len(prompts), -(-max(map(len, prompts)) // spec.prompt_bucket))
     key, sub = jax.random.split(key)
     dparams = drafter_params if learner is None else learner.params
+    if spec.goodput is not None and len(prompts) not in costs:
+      costs[len(prompts)] = step_costs if step_costs is not None else calibrate(
+          params, config, prompts, drafter, spec, dparams, key=sub)
     out = speculative_generate(params, config, prompts, drafter, spec, drafter_params=dparams,
-                               key=sub, warmup=shape not in compiled)
+                               key=sub, warmup=shape not in compiled,
+                               step_costs=costs.get(len(prompts)), estimate=estimate)
     compiled.add(shape)
+    estimate = out.goodput_estimate if carry_estimate else None
     if hot:
       drafter_params = out.drafter_state
     update = None
@@ -117,7 +135,7 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
     refused = []
     yield BatchReport(served=served, tau=out.tau, acceptance=(out.tau - 1) / depth,
                       accepted_at=out.acceptance, new_tokens=out.new_tokens, seconds=out.wall_s,
-                      update=update)
+                      update=update, k_steps=out.k_steps)
   if refused:
     yield BatchReport(served=refused, tau=float("nan"), acceptance=float("nan"),
                       accepted_at=np.zeros(depth), new_tokens=0, seconds=float("nan"))

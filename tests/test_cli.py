@@ -226,3 +226,18 @@ def test_serve_bench_online_prints_the_curve_and_resumes(capsys, tmp_path):
   assert "resumed from" in out.err
   report = json.loads(out.out)  # the batch lines went to stderr
   assert report["prompts"] == 2 and len(report["rows"]) == report["batches"] == 1
+
+
+@pytest.mark.slow
+def test_serve_bench_goodput_reports_the_lengths_it_chose(capsys, tmp_path):
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("Name a fruit.\nName a color.\nName an animal.\nName a city.\n")
+  argv = ["serve-bench", str(prompts), "--drafter", "prompt-lookup", "--goodput", "-k", "2",
+          "--batch-size", "2", "--max-new-tokens", "6", "--json"]
+  assert main(argv) == 0
+  out = capsys.readouterr()
+  assert "k'=0..2: " in out.err  # each batch line says the lengths it drafted
+  rows = json.loads(out.out)["rows"]
+  # every loop step of a batch drafted one of 0..2: at least 5 (6 tokens, the prefill gives 1)
+  assert len(rows) == 2 and all(len(r["k_steps"]) == 3 and 5 >= sum(r["k_steps"]) >= 1
+                                for r in rows), rows

@@ -390,6 +390,40 @@ def test_api_reuses_measured_costs(tiny, monkeypatch):
     run([1.0, 2.0])
 
 
+def test_a_carried_estimate_starts_where_the_last_call_ended(tiny, tiny_reference):
+  """A call from a fresh estimate tries its longest draft first (the optimistic prior); one
+  started from that call's final counts knows the drafter is never kept and drafts nothing
+  but its one-token probes. Output stays the target's."""
+  cfg, params = tiny
+  spec = SpecConfig(k=3, max_new_tokens=NEW, goodput=Goodput())
+  run = lambda estimate: speculative_generate(params, cfg, PROMPTS[:2], Contrary(), spec,
+                                              step_costs=COSTS, estimate=estimate)
+  fresh = run(None)
+  assert fresh.k_steps[3] >= 1, fresh.k_steps
+  kept, reached = fresh.goodput_estimate
+  assert kept.shape == reached.shape == (1, 3) and kept.sum() == 0 and reached[0, 0] > 0
+  carried = run(fresh.goodput_estimate)
+  assert carried.tokens == [list(t) for t in tiny_reference[:2]]
+  assert carried.k_steps[2:].sum() == 0 and carried.k_steps[0] > fresh.k_steps[0], (
+      fresh.k_steps, carried.k_steps)
+
+
+@pytest.mark.parametrize("estimate,match", [
+    ((np.zeros((1, 2)), np.zeros((1, 2))), "shape \\(1, 3\\).*got \\(1, 2\\)"),
+    ((np.ones((1, 3)), np.zeros((1, 3))), "0 <= kept <= reached, got kept \\[\\[1.0"),
+    ((np.zeros((1, 3)), np.full((1, 3), np.nan)), "finite counts"),
+])
+def test_bad_estimates_name_the_value(tiny, estimate, match):
+  cfg, params = tiny
+  spec = SpecConfig(k=3, max_new_tokens=4, goodput=Goodput())
+  with pytest.raises(ValueError, match=match):
+    speculative_generate(params, cfg, PROMPTS[:1], Contrary(), spec, step_costs=COSTS,
+                         estimate=estimate)
+  with pytest.raises(ValueError, match="estimate goes with spec.goodput; .* fixed k=3"):
+    speculative_generate(params, cfg, PROMPTS[:1], Contrary(), SpecConfig(k=3),
+                         estimate=estimate)
+
+
 def test_warm_up_runs_every_length_on_the_served_executable(tiny, monkeypatch):
   """The warm-up runs one step from a state forced to each length (a segment's first execution
   is slow on XLA:CPU), each with buffers of its own and the served state's placement, so the

@@ -4,15 +4,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_goodput
 
 from speculax.core.sampling import SamplingConfig
 from speculax.decode.config import SpecConfig
+from speculax.decode.goodput import Goodput
 from speculax.decode.speculative import speculative_generate
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.medusa import Medusa
 from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models import llama
 from speculax.models.config import get_preset
+from speculax.serve import loop
 from speculax.serve.loop import serve
 from speculax.serve.online import OnlineConfig, OnlineLearner, served_row
 from speculax.serve.recording import Recording
@@ -234,6 +237,27 @@ def test_a_request_longer_than_the_cache_is_refused_and_the_rest_served(tiny, ti
   assert "request 1 refused" in served[1].error and "max_seq_len 256" in served[1].error
   assert "request 3 refused: its prompt has token id" in served[3].error
   assert "prompt 0" not in served[3].error
+
+
+def test_goodput_serving_carries_the_estimate_and_calibrates_per_batch_size(
+    tiny, tiny_reference, monkeypatch):
+  """Goodput while serving: a drafter that is never kept costs the first batch its optimistic
+  long draft and no later batch one, since the estimate goes on from batch to batch; the step
+  costs are calibrated once for each batch size; outputs stay the target's."""
+  cfg, params = tiny
+  sizes = []
+
+  def calibrated(params, config, prompts, *args, **kwargs):
+    sizes.append(len(prompts))
+    return np.asarray(test_goodput.COSTS, np.float32)
+
+  monkeypatch.setattr(loop, "calibrate", calibrated)
+  spec = SpecConfig(k=3, max_new_tokens=NEW, goodput=Goodput())
+  reports = list(serve(params, cfg, PROMPTS[:5], test_goodput.Contrary(), spec, batch_size=2))
+  assert [s.tokens for r in reports for s in r.served] == tiny_reference[:5]
+  assert sizes == [2, 1]  # batches of 2, 2 and 1
+  first, *later = (r.k_steps for r in reports)
+  assert first[3] >= 1 and all(k[2:].sum() == 0 for k in later), [r.k_steps for r in reports]
 
 
 def test_learner_needs_the_draft_model_it_trains(tiny, draft):

@@ -1,0 +1,104 @@
+"""Goodput-driven draft length while serving a stream: what carrying the acceptance estimate
+from batch to batch buys (serve/loop.py) over starting every batch from the optimistic prior
+(as a lone call does), against fixed k = 1, fixed k and autoregressive decoding, on the same
+stream `--batch` at a time. Both goodput runs weigh the same step costs (calibrated once on the
+stream's first batch). Every method serves the whole stream once per round, round-robin;
+tokens/s is the stream's new tokens over its batches' seconds (prefill and decode, compile
+apart), the median of the rounds. Prints a table and writes JSON.
+
+  .venv/bin/python -m speculax.research.goodput_serving [--suite humaneval] [--prompts 32]
+      [--batch 8] [--repeats 2] [-k 4] [--heads results/drafters/eagle-ttt-smollm2]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import numpy as np
+
+from speculax.bench import suites
+from speculax.bench.measure import machine
+from speculax.bench.report import table
+from speculax.decode.calibrate import calibrate
+from speculax.decode.config import SpecConfig
+from speculax.decode.generate import generate
+from speculax.decode.goodput import Goodput
+from speculax.drafters import registry
+from speculax.drafters.prompt_lookup import PromptLookup
+from speculax.models.load import load
+from speculax.research.common import add_loop_runs, add_target_and_out, median, parse_loop_runs
+from speculax.serve.loop import serve
+
+
+def stream_runs(model, stream, drafter, dparams, k: int, batch: int, new_tokens: int,
+                costs) -> dict:
+  """The methods compared, by name: each a call that serves the stream once and returns
+  (new tokens, seconds, [k + 1] steps drafting 0..k summed over batches or None)."""
+  params, config = model.params, model.config
+  fixed = SpecConfig(k=k, max_new_tokens=new_tokens, eos_ids=model.tokenizer.eos_ids)
+  good = dataclasses.replace(fixed, goodput=Goodput())
+  warm = set()
+
+  def served(spec, **options):
+    def run():
+      reports = list(serve(params, config, stream, drafter, spec, dparams, batch, **options))
+      steps = [r.k_steps for r in reports if r.k_steps is not None]
+      return (sum(r.new_tokens for r in reports), sum(r.seconds for r in reports),
+              np.sum(steps, 0) if steps else None)
+    return run
+
+  def autoregressive():
+    outs = []
+    for i in range(0, len(stream), batch):
+      chunk = stream[i:i + batch]
+      outs.append(generate(params, config, chunk, fixed, warmup=len(chunk) not in warm))
+      warm.add(len(chunk))
+    return sum(o.new_tokens for o in outs), sum(o.wall_s for o in outs), None
+
+  return {"autoregressive": autoregressive,
+          "k=1": served(dataclasses.replace(fixed, k=1)), f"k={k}": served(fixed),
+          f"goodput k<={k}, each batch from the prior": served(good, step_costs=costs,
+                                                               carry_estimate=False),
+          f"goodput k<={k}, estimate carried": served(good, step_costs=costs)}
+
+
+def main(argv: list[str] | None = None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  add_target_and_out(ap)
+  add_loop_runs(ap, prompts=32, heads=True)
+  ap.add_argument("--suite", default="humaneval", choices=("humaneval", "chat"))
+  args = parse_loop_runs(ap, argv)
+  model = load(args.model)
+  stream = suites.encode(model.tokenizer, suites.suite(args.suite, args.prompts))
+  drafter, dparams = PromptLookup(), None
+  if args.heads:
+    loaded = registry.load(args.heads, model)
+    drafter, dparams = loaded.drafter, loaded.params
+  spec = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=model.tokenizer.eos_ids,
+                    goodput=Goodput())
+  costs = calibrate(model.params, model.config, stream[:args.batch], drafter, spec, dparams)
+  runs = stream_runs(model, stream, drafter, dparams, args.k, args.batch, args.new_tokens, costs)
+  rate, k_steps = {name: [] for name in runs}, {}
+  for _ in range(args.repeats):
+    for name, run in runs.items():
+      tokens, seconds, steps = run()
+      rate[name].append(tokens / seconds)
+      if steps is not None:
+        k_steps[name] = steps.tolist()  # the last round's
+  ar = median(rate["autoregressive"])
+  result = dict(machine=machine(), drafter=args.heads or "prompt lookup", suite=args.suite,
+                prompts=args.prompts, batch=args.batch, repeats=args.repeats, k=args.k,
+                new_tokens=args.new_tokens, step_costs=costs.tolist(), tokens_per_s=rate,
+                median_tokens_per_s={n: median(v) for n, v in rate.items()}, k_steps=k_steps)
+  print(table(["method", "tok/s (median)", "rounds", "x AR", "steps drafting 0..k"],
+              [[n, median(v), " ".join(f"{x:.1f}" for x in v), median(v) / ar,
+                "/".join(map(str, k_steps.get(n, []))) or "-"] for n, v in rate.items()]))
+  args.out.mkdir(parents=True, exist_ok=True)
+  name = (f"goodput_serving_{args.suite}" + ("" if not args.heads else f"_{drafter.name}")
+          + f"_b{args.batch}")
+  (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+  main()
