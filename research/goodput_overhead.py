@@ -6,8 +6,12 @@ step (a draft model or EAGLE feeds the verified token into its own cache), so it
 here. Prints the median milliseconds of a loop step (prefill apart) and writes JSON. The
 accelerator suite's `loops` section runs the same set on a GPU.
 
+--calibrations N: then N calibrations (decode/calibrate.py, as `speculax generate --goodput`
+runs it) on the first batch, each one's step costs in its own plain steps beside the forced
+loops' (how far one calibration on this machine strays from the loop's own step costs).
+
   .venv/bin/python -m speculax.research.goodput_overhead [--prompts 2] [--batch 1]
-      [--repeats 3] [--heads results/drafters/eagle-ttt-smollm2]
+      [--repeats 3] [--heads results/drafters/eagle-ttt-smollm2] [--calibrations 0]
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import json
 
 from speculax.bench.measure import machine
 from speculax.bench.report import table
+from speculax.decode.calibrate import calibrate
 from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.goodput import Goodput, forcing
@@ -67,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add_target_and_out(ap)
   add_loop_runs(ap, prompts=2, heads=True)
+  ap.add_argument("--calibrations", type=int, default=0,
+                  help="then calibrate this many times on the first batch")
   args = parse_loop_runs(ap, argv)
   model = load(args.model)
   batches = prompt_batches(args, model.tokenizer)
@@ -87,6 +94,17 @@ def main(argv: list[str] | None = None) -> None:
                 median_ms={n: median(v) for n, v in step_ms.items()})
   print(table(["loop", "median ms a step", "x the autoregressive step"],
               [[n, m, m / ar] for n, m in result["median_ms"].items()]))
+  if args.calibrations > 0:
+    spec = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=(), goodput=Goodput())
+    costs = [calibrate(model.params, model.config, batches[0], drafter, spec, dparams).tolist()
+             for _ in range(args.calibrations)]
+    forced = [result["median_ms"][f"goodput forced k'={k}"] for k in (0, 1)]
+    result.update(calibrated_ms=[[1e3 * c for c in row] for row in costs],
+                  forced_one_draft_in_plain_steps=forced[1] / forced[0])
+    print(table(["calibration", "ms a step drafting 0..k", "in its plain steps"],
+                [[i, " ".join(f"{1e3 * c:.1f}" for c in row),
+                  " ".join(f"{c / row[0]:.2f}" for c in row)] for i, row in enumerate(costs)]))
+    print(f"the forced loops: a one-draft step is {forced[1] / forced[0]:.2f} plain steps")
   args.out.mkdir(parents=True, exist_ok=True)
   name = ("goodput_overhead" + ("" if not args.heads else f"_{drafter.name}")
           + ("" if args.batch == 1 else f"_b{args.batch}"))

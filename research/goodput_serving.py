@@ -8,6 +8,7 @@ apart), the median of the rounds. Prints a table and writes JSON.
 
   .venv/bin/python -m speculax.research.goodput_serving [--suite humaneval] [--prompts 32]
       [--batch 8] [--repeats 2] [-k 4] [--heads results/drafters/eagle-ttt-smollm2]
+      [--margin 0.1]
 """
 from __future__ import annotations
 
@@ -32,12 +33,12 @@ from speculax.serve.loop import serve
 
 
 def stream_runs(model, stream, drafter, dparams, k: int, batch: int, new_tokens: int,
-                costs) -> dict:
+                costs, policy: Goodput) -> dict:
   """The methods compared, by name: each a call that serves the stream once and returns
   (new tokens, seconds, [k + 1] steps drafting 0..k summed over batches or None)."""
   params, config = model.params, model.config
   fixed = SpecConfig(k=k, max_new_tokens=new_tokens, eos_ids=model.tokenizer.eos_ids)
-  good = dataclasses.replace(fixed, goodput=Goodput())
+  good = dataclasses.replace(fixed, goodput=policy)
   warm = set()
 
   def served(spec, **options):
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> None:
   add_target_and_out(ap)
   add_loop_runs(ap, prompts=32, heads=True)
   ap.add_argument("--suite", default="humaneval", choices=("humaneval", "chat"))
+  ap.add_argument("--margin", type=float, default=Goodput().margin,
+                  help="Goodput.margin of both goodput runs")
   args = parse_loop_runs(ap, argv)
   model = load(args.model)
   stream = suites.encode(model.tokenizer, suites.suite(args.suite, args.prompts))
@@ -75,10 +78,12 @@ def main(argv: list[str] | None = None) -> None:
   if args.heads:
     loaded = registry.load(args.heads, model)
     drafter, dparams = loaded.drafter, loaded.params
+  policy = Goodput(margin=args.margin)
   spec = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=model.tokenizer.eos_ids,
-                    goodput=Goodput())
+                    goodput=policy)
   costs = calibrate(model.params, model.config, stream[:args.batch], drafter, spec, dparams)
-  runs = stream_runs(model, stream, drafter, dparams, args.k, args.batch, args.new_tokens, costs)
+  runs = stream_runs(model, stream, drafter, dparams, args.k, args.batch, args.new_tokens, costs,
+                     policy)
   rate, k_steps = {name: [] for name in runs}, {}
   for _ in range(args.repeats):
     for name, run in runs.items():
@@ -89,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
   ar = median(rate["autoregressive"])
   result = dict(machine=machine(), drafter=args.heads or "prompt lookup", suite=args.suite,
                 prompts=args.prompts, batch=args.batch, repeats=args.repeats, k=args.k,
+                margin=args.margin,
                 new_tokens=args.new_tokens, step_costs=costs.tolist(), tokens_per_s=rate,
                 median_tokens_per_s={n: median(v) for n, v in rate.items()}, k_steps=k_steps)
   print(table(["method", "tok/s (median)", "rounds", "x AR", "steps drafting 0..k"],
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                 "/".join(map(str, k_steps.get(n, []))) or "-"] for n, v in rate.items()]))
   args.out.mkdir(parents=True, exist_ok=True)
   name = (f"goodput_serving_{args.suite}" + ("" if not args.heads else f"_{drafter.name}")
-          + f"_b{args.batch}")
+          + f"_b{args.batch}" + ("" if args.margin == Goodput().margin else f"_m{args.margin:g}"))
   (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
