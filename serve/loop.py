@@ -81,6 +81,8 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
   one ended with (False: from the prior, as a lone call does; to measure what carrying buys).
   """
   fields.check("batch_size", batch_size, int, ge=1)
+  if step_costs is not None and spec.goodput is None:
+    raise ValueError(f"step_costs go with spec.goodput; this stream drafts a fixed k={spec.k}")
   hot = drafter.hot_start
   if learner is not None and hot:
     raise ValueError(f"{type(drafter).__name__} adapts by its own state (hot start); it has no "

@@ -258,6 +258,9 @@ def test_goodput_serving_carries_the_estimate_and_calibrates_per_batch_size(
   assert sizes == [2, 1]  # batches of 2, 2 and 1
   first, *later = (r.k_steps for r in reports)
   assert first[3] >= 1 and all(k[2:].sum() == 0 for k in later), [r.k_steps for r in reports]
+  with pytest.raises(ValueError, match="step_costs go with spec.goodput; .* fixed k=3"):
+    next(serve(params, cfg, PROMPTS[:1], test_goodput.Contrary(), SpecConfig(k=3),
+               step_costs=test_goodput.COSTS))
 
 
 def test_learner_needs_the_draft_model_it_trains(tiny, draft):
