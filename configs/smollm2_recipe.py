@@ -5,8 +5,8 @@ at t = 1 in turn) to 1200 self-distillation prompts (train/prompts.mixture: stdl
 instructions, pydoc topic questions, everyday chat questions; none shares a subject with the
 held-out prompts or a 13-word run with HumanEval), plus 20% raw stdlib code; held out: answers
 to the held-out split's prompts. About 360k tokens in rows of 256. The answers ship with the
-repository (results/drafters/recipe-answers, 3.4 MB: it also holds answers to 1200 more training
-prompts, which this recipe does not read; 33-43 minutes of generation per 1200 here);
+repository (results/drafters/recipe-answers, 6.2 MB: it also holds answers to the other 3225
+training prompts, which this recipe does not read; 33-43 minutes of generation per 1200 here);
 the teacher caches live in runs/drafters/teacher, shared by every drafter (each built once,
 resumable; a cache that holds more features than a drafter needs serves it too, so the draft
 model reads the head drafters' cache).
