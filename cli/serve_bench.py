@@ -60,7 +60,10 @@ def add_parser(sub) -> None:
   p.add_argument("--goodput", action="store_true",
                  help="goodput-driven draft length (SmartSpec): each step drafts the 0..k that "
                       "promises the most tokens/s, from step costs calibrated on the first "
-                      "batch of each size and an acceptance estimate carried batch to batch")
+                      "batch of each size")
+  p.add_argument("--carry-estimate", action="store_true",
+                 help="goodput: each batch starts from the acceptance estimate the last ended "
+                      "with, not from the prior")
   p.add_argument("--online", action="store_true", help="adapt the draft model while serving")
   p.add_argument("--update-every", type=count(1), default=8, help="online: requests between rounds")
   p.add_argument("--min-positions", type=count(1), default=32,
@@ -93,7 +96,8 @@ def curve(values, width: int = 40) -> str:
 
 
 def stream_rows(model, items, drafter, dparams, spec: SpecConfig, batch_size: int,
-                learner: OnlineLearner | None = None, label: str = "", echo=print) -> list[dict]:
+                learner: OnlineLearner | None = None, label: str = "", echo=print,
+                carry_estimate: bool = False) -> list[dict]:
   """Serves items (from bench.suites.read_prompts) and returns one row per batch; echo prints a line per batch
   with the running acceptance curve (None: silent)."""
   tok = model.tokenizer
@@ -101,7 +105,7 @@ def stream_rows(model, items, drafter, dparams, spec: SpecConfig, batch_size: in
               for x in items]
   rows, t0 = [], time.perf_counter()
   for n, report in enumerate(serve(model.params, model.config, requests, drafter, spec, dparams,
-                                   batch_size, learner)):
+                                   batch_size, learner, carry_estimate=carry_estimate)):
     first = min(s.index for s in report.served)
     rows.append(_row(n, report, items[first]["phase"]))
     if echo is not None:
@@ -164,7 +168,8 @@ def run(args) -> int:
         f"{' (online)' if learner else ''} on {jax.devices()[0].platform}", file=sys.stderr)
   # With --json the batch lines go to stderr and stdout holds the one JSON object.
   rows = stream_rows(model, items, drafter, dparams, spec, args.batch_size, learner,
-                     echo=lambda s: print(s, flush=True, file=sys.stderr if args.json else None))
+                     echo=lambda s: print(s, flush=True, file=sys.stderr if args.json else None),
+                     carry_estimate=args.carry_estimate)
   acc = [r["acceptance"] for r in rows if np.isfinite(r["acceptance"])] or [np.nan]
   totals = dict(prompts=len(items), batches=len(rows), mean_acceptance=float(np.mean(acc)),
                 first_acceptance=acc[0], last_acceptance=acc[-1],

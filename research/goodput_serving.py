@@ -60,9 +60,9 @@ def stream_runs(model, stream, drafter, dparams, k: int, batch: int, new_tokens:
 
   return {"autoregressive": autoregressive,
           "k=1": served(dataclasses.replace(fixed, k=1)), f"k={k}": served(fixed),
-          f"goodput k<={k}, each batch from the prior": served(good, step_costs=costs,
-                                                               carry_estimate=False),
-          f"goodput k<={k}, estimate carried": served(good, step_costs=costs)}
+          f"goodput k<={k}, each batch from the prior": served(good, step_costs=costs),
+          f"goodput k<={k}, estimate carried": served(good, step_costs=costs,
+                                                      carry_estimate=True)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -233,7 +233,7 @@ def test_serve_bench_goodput_reports_the_lengths_it_chose(capsys, tmp_path):
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("Name a fruit.\nName a color.\nName an animal.\nName a city.\n")
   argv = ["serve-bench", str(prompts), "--drafter", "prompt-lookup", "--goodput", "-k", "2",
-          "--batch-size", "2", "--max-new-tokens", "6", "--json"]
+          "--carry-estimate", "--batch-size", "2", "--max-new-tokens", "6", "--json"]
   assert main(argv) == 0
   out = capsys.readouterr()
   assert "k'=0..2: " in out.err  # each batch line says the lengths it drafted

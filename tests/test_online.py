@@ -253,7 +253,8 @@ def test_goodput_serving_carries_the_estimate_and_calibrates_per_batch_size(
 
   monkeypatch.setattr(loop, "calibrate", calibrated)
   spec = SpecConfig(k=3, max_new_tokens=NEW, goodput=Goodput())
-  reports = list(serve(params, cfg, PROMPTS[:5], test_goodput.Contrary(), spec, batch_size=2))
+  reports = list(serve(params, cfg, PROMPTS[:5], test_goodput.Contrary(), spec, batch_size=2,
+                       carry_estimate=True))
   assert [s.tokens for r in reports for s in r.served] == tiny_reference[:5]
   assert sizes == [2, 1]  # batches of 2, 2 and 1
   first, *later = (r.k_steps for r in reports)
