@@ -141,7 +141,7 @@ def spec_loop_args(cfg, drafter, spec, b=2, prompt=8):
   cache = jax.eval_shape(lambda: KVCache.init(cfg, b, max_len, per_layer=True))
   start = lambda p, tokens, lengths, logits, c, key: _start(
       p, None, cfg, spec, drafter, tokens, lengths, logits, None, c, key, max_len,
-      spec.max_new_tokens, step_costs=None)
+      spec.max_new_tokens, step_costs=None, estimate=None)
   state = jax.eval_shape(start, params, S((b, prompt), jnp.int32), S((b,), jnp.int32),
                          S((b, cfg.vocab_size), jnp.float32), cache, KEY)
   return params, None, cfg, spec, drafter, state
