@@ -42,6 +42,12 @@ def pack_prompts(prompts: Sequence[Sequence[int]], vocab_size: int,
   return tokens, lengths
 
 
+def compiled_shape(prompts: Sequence[Sequence[int]], bucket: int) -> tuple[int, int]:
+  """(rows, padded length) of a batch as pack_prompts lays it out: a decode loop compiles once
+  per shape, so a caller warming up only new shapes keys them by this."""
+  return len(prompts), round_up(max(map(len, prompts)), bucket)
+
+
 def check_room(longest_prompt: int, max_new_tokens: int, max_seq_len: int, extra: int = 0) -> None:
   """The cache must hold the prompt, the new tokens and `extra` speculative slots."""
   if max_new_tokens < 1:

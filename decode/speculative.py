@@ -173,8 +173,8 @@ def begin(key, tokens, lengths, logits, spec, max_len: int, budget):
 def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidden, cache, key,
            max_len, budget, step_costs, estimate):
   """The loop state after the prefill, with the drafter's state (which may read the prefill's
-  hidden states); step_costs [k + 1] and estimate (kept, reached [bins, k]): goodput runs',
-  else None."""
+  hidden states); step_costs [k + 1] and estimate (kept, reached [bins, k]) of a goodput run
+  (None otherwise)."""
   key, history, lengths, n_out, done = begin(key, tokens, lengths, logits, spec, max_len, budget)
   view = TargetView(params, cache, history, lengths, prompt_hidden=hidden)
   dstate = drafter.init(dparams, view, config, max_len)

@@ -25,6 +25,7 @@ from speculax.decode.calibrate import calibrate
 from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.goodput import Goodput
+from speculax.decode.inputs import compiled_shape
 from speculax.drafters import registry
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models.load import load
@@ -53,7 +54,7 @@ def stream_runs(model, stream, drafter, dparams, k: int, batch: int, new_tokens:
     outs = []
     for i in range(0, len(stream), batch):
       chunk = stream[i:i + batch]
-      shape = (len(chunk), -(-max(map(len, chunk)) // fixed.prompt_bucket))
+      shape = compiled_shape(chunk, fixed.prompt_bucket)
       outs.append(generate(params, config, chunk, fixed, warmup=shape not in warm))
       warm.add(shape)
     return sum(o.new_tokens for o in outs), sum(o.wall_s for o in outs), None

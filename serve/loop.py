@@ -28,7 +28,7 @@ import numpy as np
 from speculax.core import fields
 from speculax.decode.calibrate import calibrate
 from speculax.decode.config import SpecConfig
-from speculax.decode.inputs import check_prompt, check_room
+from speculax.decode.inputs import check_prompt, check_room, compiled_shape
 from speculax.decode.speculative import block_shape, speculative_generate
 from speculax.drafters.draft_model import DraftModel
 from speculax.serve.online import OnlineLearner, served_row
@@ -81,8 +81,6 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
   one ended with (False: from the prior, as a lone call does).
   """
   fields.check("batch_size", batch_size, int, ge=1)
-  if step_costs is not None and spec.goodput is None:
-    raise ValueError(f"step_costs go with spec.goodput; this stream drafts a fixed k={spec.k}")
   hot = drafter.hot_start
   if learner is not None and hot:
     raise ValueError(f"{type(drafter).__name__} adapts by its own state (hot start); it has no "
@@ -96,7 +94,7 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
   extra, depth = block_shape(drafter, spec)
   key = jax.random.key(0) if key is None else key
   compiled = set()
-  costs, estimate = {}, None  # goodput: step costs per batch size, the carried estimate
+  calibrated, estimate = {}, None  # goodput: step costs per batch size, the carried estimate
   stream = iter(enumerate(requests))
   refused: list[Served] = []
   while True:
@@ -112,15 +110,15 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
     if not batch:
       break
     prompts = [p for _, p in batch]
-    shape = (len(prompts), -(-max(map(len, prompts)) // spec.prompt_bucket))
+    shape = compiled_shape(prompts, spec.prompt_bucket)
     key, sub = jax.random.split(key)
     dparams = drafter_params if learner is None else learner.params
-    if spec.goodput is not None and len(prompts) not in costs:
-      costs[len(prompts)] = step_costs if step_costs is not None else calibrate(
-          params, config, prompts, drafter, spec, dparams, key=sub)
+    if spec.goodput is not None and step_costs is None and len(prompts) not in calibrated:
+      calibrated[len(prompts)] = calibrate(params, config, prompts, drafter, spec, dparams,
+                                           key=sub)
     out = speculative_generate(params, config, prompts, drafter, spec, drafter_params=dparams,
-                               key=sub, warmup=shape not in compiled,
-                               step_costs=costs.get(len(prompts)), estimate=estimate)
+                               key=sub, warmup=shape not in compiled, estimate=estimate,
+                               step_costs=calibrated.get(len(prompts), step_costs))
     compiled.add(shape)
     estimate = out.goodput_estimate if carry_estimate else None
     if hot:

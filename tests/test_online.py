@@ -259,7 +259,8 @@ def test_goodput_serving_carries_the_estimate_and_calibrates_per_batch_size(
   assert sizes == [2, 1]  # batches of 2, 2 and 1
   first, *later = (r.k_steps for r in reports)
   assert first[3] >= 1 and all(k[2:].sum() == 0 for k in later), [r.k_steps for r in reports]
-  with pytest.raises(ValueError, match="step_costs go with spec.goodput; .* fixed k=3"):
+  with pytest.raises(ValueError, match="step_costs go with spec.goodput and only with it.* "
+                                       "goodput=None"):
     next(serve(params, cfg, PROMPTS[:1], test_goodput.Contrary(), SpecConfig(k=3),
                step_costs=test_goodput.COSTS))
 
