@@ -24,6 +24,7 @@ from speculax.cli.args import (
   check_drafter_options,
   count,
   drafter_options,
+  ints,
   runtime_loader,
 )
 from speculax.core.sampling import SamplingConfig
@@ -64,6 +65,9 @@ def add_parser(sub) -> None:
   p.add_argument("--carry-estimate", action="store_true",
                  help="goodput: each batch starts from the acceptance estimate the last ended "
                       "with, not from the prior")
+  p.add_argument("--answer-bins", default="",
+                 help="goodput: tokens into an answer where its acceptance estimate moves to the "
+                      "next stretch, e.g. 16,32 (Goodput.answer_bins; default: one estimate)")
   p.add_argument("--online", action="store_true", help="adapt the draft model while serving")
   p.add_argument("--update-every", type=count(1), default=8, help="online: requests between rounds")
   p.add_argument("--min-positions", type=count(1), default=32,
@@ -150,9 +154,12 @@ def run(args) -> int:
                           buffer_size=args.buffer_size, buffer_policy=args.buffer_policy,
                           seq_len=args.seq_len, all_positions=args.all_positions,
                           heldout_every=args.heldout_every, seed=args.seed)
+  bins = ints(args.answer_bins, "--answer-bins")
+  if bins and not args.goodput:
+    raise ValueError(f"--answer-bins {args.answer_bins} splits goodput's estimate; add --goodput")
   spec = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens,
                     sampling=SamplingConfig(args.temperature), prompt_bucket=128,
-                    goodput=Goodput() if args.goodput else None)
+                    goodput=Goodput(answer_bins=bins) if args.goodput else None)
   options, fields = drafter_options(args)
   check_drafter_options(args.drafter, options, fields)
   load = runtime_loader(args)

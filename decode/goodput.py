@@ -24,7 +24,9 @@ drafts long, where one pooled estimate would draft the same k for both. Each bin
 leans on the pooled one (its prior) until its own counts outweigh it. A signal must be free:
 EAGLE's first-draft confidence costs an output-layer pass on every plain step (measured 32 ->
 42 ms a plain step at batch 1 on a 2-core CPU) and changed nothing it chose, so EAGLE has
-none.
+none. `Goodput.answer_bins` splits every bin by how far into its answer a row is (tokens
+emitted by this call): a signal the loop has for free, for drafters whose drafts are kept more
+at some stretch of an answer than at another, and for estimates carried from call to call.
 
 The estimate decays at every step that drafts (older outcomes weigh less; a bin only where the
 step had rows in it), towards a prior
@@ -67,6 +69,28 @@ class Goodput(Checked):
   # break-even (EAGLE + TTT at batch 1 on a 2-core CPU: kept 0.32 of the time against a
   # one-draft step of 1.33 plain ones) otherwise drafts on the estimate's and the costs' noise.
   margin: float = field(0.1, ge=0)
+  # Tokens into the answer (emitted by this call) where a row's estimate moves to the next
+  # stretch, each bin of the signal split so ((): one stretch). A drafter's acceptance depends on
+  # where in the answer a row is (EAGLE + TTT drafts an answer's opening better than its end), and
+  # an estimate carried from call to call (`estimate`) otherwise starts the next answer from the
+  # end of the last.
+  answer_bins: tuple[int, ...] = field((), ge=1)
+
+  def __post_init__(self):
+    super().__post_init__()
+    if any(a >= b for a, b in zip(self.answer_bins, self.answer_bins[1:])):
+      raise ValueError(f"Goodput.answer_bins must increase, got {self.answer_bins}")
+
+  def n_bins(self, signal_bins: int) -> int:
+    """Estimates kept: one per value of the drafter's signal (one pooled with signal=False)
+    and stretch of the answer."""
+    return (signal_bins if self.signal else 1) * (len(self.answer_bins) + 1)
+
+  def bins(self, signal: jax.Array, n_out: jax.Array, done: jax.Array) -> jax.Array:
+    """[b] int32 each row's estimate from its signal value [b] (0 with signal=False) and the
+    tokens it has emitted [b]; -1 where the row is done."""
+    stretch = jnp.searchsorted(jnp.asarray(self.answer_bins, jnp.int32), n_out, side="right")
+    return jnp.where(done, -1, signal * (len(self.answer_bins) + 1) + stretch).astype(jnp.int32)
 
 
 def step_costs(costs, k: int) -> np.ndarray:

@@ -110,7 +110,7 @@ def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Draft
   accepted_at = s.accepted_at.at[:width - 1].add(accepted.sum(0))  # goodput: k <= spec.k
   gstate = s.goodput if spec.goodput is None else goodput.observe(
       spec.goodput, s.goodput, k, jnp.broadcast_to(checked, (b,)), n_acc,
-      row_bins(spec, drafter, dparams, dstate, after, config, done))
+      row_bins(spec, drafter, dparams, dstate, after, config, n_out, done))
   return s.replace(
       cache=cache, history=history, lengths=lengths, n_out=n_out, drafter=dstate, key=key,
       done=done, forwards=s.forwards + 1, row_steps=s.row_steps + active.sum(),
@@ -118,17 +118,13 @@ def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Draft
       drafted=s.drafted + jnp.where(active, checked, 0).sum(), goodput=gstate)
 
 
-def n_bins(spec: SpecConfig, drafter: Drafter) -> int:
-  """How many acceptance estimates goodput keeps: one per value of the drafter's signal, or one
-  pooled when spec.goodput says so (or the drafter has no signal)."""
-  return drafter.signal_bins if spec.goodput.signal else 1
-
-
 def row_bins(spec: SpecConfig, drafter: Drafter, dparams, dstate, view: TargetView,
-             config: LlamaConfig, done: jax.Array) -> jax.Array:
-  """[b] int32 each row's bin of the drafter's signal for goodput's next choice (-1: done)."""
-  pooled = n_bins(spec, drafter) == 1
-  return jnp.where(done, -1, 0 if pooled else drafter.signal(dparams, dstate, view, config))
+             config: LlamaConfig, n_out: jax.Array, done: jax.Array) -> jax.Array:
+  """[b] int32 each row's goodput estimate for the next choice (Goodput.bins; -1: done)."""
+  pooled = not spec.goodput.signal or drafter.signal_bins == 1
+  signal = (jnp.zeros_like(n_out) if pooled
+            else drafter.signal(dparams, dstate, view, config))  # [b]
+  return spec.goodput.bins(signal, n_out, done)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "drafter"), donate_argnames=("state",))
@@ -179,8 +175,8 @@ def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidd
   view = TargetView(params, cache, history, lengths, prompt_hidden=hidden)
   dstate = drafter.init(dparams, view, config, max_len)
   gstate = None if spec.goodput is None else goodput.GoodputState.init(
-      spec.goodput, step_costs, row_bins(spec, drafter, dparams, dstate, view, config, done),
-      estimate)
+      spec.goodput, step_costs,
+      row_bins(spec, drafter, dparams, dstate, view, config, n_out, done), estimate)
   return SpecState(
       cache=cache, history=history, lengths=lengths, n_out=n_out, done=done,
       drafter=dstate, key=key,
@@ -255,7 +251,7 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
     raise ValueError("a goodput estimate goes with spec.goodput; this run drafts a fixed "
                      f"k={spec.k}")
   if spec.goodput is not None:  # always arrays: one compiled start with or without one
-    counts = n_bins(spec, drafter), spec.k
+    counts = spec.goodput.n_bins(drafter.signal_bins), spec.k
     estimate = goodput.estimate([np.zeros(counts)] * 2 if estimate is None else estimate,
                                 *counts)
   drafter.check(config, drafter_params, spec.k)

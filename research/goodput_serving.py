@@ -2,13 +2,15 @@
 from batch to batch buys (serve/loop.py) over starting every batch from the optimistic prior
 (as a lone call does), against fixed k = 1, fixed k and autoregressive decoding, on the same
 stream `--batch` at a time. Both goodput runs weigh the same step costs (calibrated once on the
-stream's first batch). Every method serves the whole stream once per round, round-robin;
-tokens/s is the stream's new tokens over its batches' seconds (prefill and decode, compile
-apart), the median of the rounds. Prints a table and writes JSON.
+stream's first batch). With `--answer-bins 16,64` both goodput runs come again with the
+estimate split by how far into its answer a row is (Goodput.answer_bins). Every method serves
+the whole stream once per round, round-robin; tokens/s is the stream's new tokens over its
+batches' seconds (prefill and decode, compile apart), the median of the rounds. Prints a table
+and writes JSON.
 
   .venv/bin/python -m speculax.research.goodput_serving [--suite humaneval] [--prompts 32]
       [--batch 8] [--repeats 2] [-k 4] [--heads results/drafters/eagle-ttt-smollm2]
-      [--margin 0.1]
+      [--margin 0.1] [--answer-bins 16,64]
 """
 from __future__ import annotations
 
@@ -34,12 +36,11 @@ from speculax.serve.loop import serve
 
 
 def stream_runs(model, stream, drafter, dparams, k: int, batch: int, new_tokens: int,
-                costs, policy: Goodput) -> dict:
+                costs, policies: tuple[Goodput, ...]) -> dict:
   """The methods compared, by name: each a call that serves the stream once and returns
   (new tokens, seconds, [k + 1] steps drafting 0..k summed over batches or None)."""
   params, config = model.params, model.config
   fixed = SpecConfig(k=k, max_new_tokens=new_tokens, eos_ids=model.tokenizer.eos_ids)
-  good = dataclasses.replace(fixed, goodput=policy)
   warm = set()
 
   def served(spec, **options):
@@ -59,11 +60,15 @@ def stream_runs(model, stream, drafter, dparams, k: int, batch: int, new_tokens:
       warm.add(shape)
     return sum(o.new_tokens for o in outs), sum(o.wall_s for o in outs), None
 
-  return {"autoregressive": autoregressive,
-          "k=1": served(dataclasses.replace(fixed, k=1)), f"k={k}": served(fixed),
-          f"goodput k<={k}, each batch from the prior": served(good, step_costs=costs),
-          f"goodput k<={k}, estimate carried": served(good, step_costs=costs,
-                                                      carry_estimate=True)}
+  runs = {"autoregressive": autoregressive,
+          "k=1": served(dataclasses.replace(fixed, k=1)), f"k={k}": served(fixed)}
+  for policy in policies:
+    good = dataclasses.replace(fixed, goodput=policy)
+    bins = "/".join(map(str, policy.answer_bins))
+    name = f"goodput k<={k}" + (f", answer bins {bins}" if bins else "")
+    runs[f"{name}, each batch from the prior"] = served(good, step_costs=costs)
+    runs[f"{name}, estimate carried"] = served(good, step_costs=costs, carry_estimate=True)
+  return runs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,7 +77,10 @@ def main(argv: list[str] | None = None) -> None:
   add_loop_runs(ap, prompts=32, heads=True)
   ap.add_argument("--suite", default="humaneval", choices=("humaneval", "chat"))
   ap.add_argument("--margin", type=float, default=Goodput().margin,
-                  help="Goodput.margin of both goodput runs")
+                  help="Goodput.margin of every goodput run")
+  ap.add_argument("--answer-bins", type=lambda v: tuple(int(x) for x in v.split(",")),
+                  default=(), help="Goodput.answer_bins of a second pair of goodput runs, "
+                  "e.g. 16,64 (tokens into the answer)")
   args = parse_loop_runs(ap, argv)
   model = load(args.model)
   stream = suites.encode(model.tokenizer, suites.suite(args.suite, args.prompts))
@@ -81,11 +89,13 @@ def main(argv: list[str] | None = None) -> None:
     loaded = registry.load(args.heads, model)
     drafter, dparams = loaded.drafter, loaded.params
   policy = Goodput(margin=args.margin)
+  policies = (policy,) + ((Goodput(margin=args.margin, answer_bins=args.answer_bins),)
+                          if args.answer_bins else ())
   spec = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=model.tokenizer.eos_ids,
                     goodput=policy)
   costs = calibrate(model.params, model.config, stream[:args.batch], drafter, spec, dparams)
   runs = stream_runs(model, stream, drafter, dparams, args.k, args.batch, args.new_tokens, costs,
-                     policy)
+                     policies)
   rate, k_steps = {name: [] for name in runs}, {}
   for _ in range(args.repeats):
     for name, run in runs.items():
@@ -96,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
   ar = median(rate["autoregressive"])
   result = dict(machine=machine(), drafter=args.heads or "prompt lookup", suite=args.suite,
                 prompts=args.prompts, batch=args.batch, repeats=args.repeats, k=args.k,
-                margin=args.margin,
+                margin=args.margin, answer_bins=args.answer_bins,
                 new_tokens=args.new_tokens, step_costs=costs.tolist(), tokens_per_s=rate,
                 median_tokens_per_s={n: median(v) for n, v in rate.items()}, k_steps=k_steps)
   print(table(["method", "tok/s (median)", "rounds", "x AR", "steps drafting 0..k"],
@@ -104,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
                 "/".join(map(str, k_steps.get(n, []))) or "-"] for n, v in rate.items()]))
   args.out.mkdir(parents=True, exist_ok=True)
   name = (f"goodput_serving_{args.suite}" + ("" if not args.heads else f"_{drafter.name}")
-          + f"_b{args.batch}" + ("" if args.margin == Goodput().margin else f"_m{args.margin:g}"))
+          + f"_b{args.batch}" + ("" if args.margin == Goodput().margin else f"_m{args.margin:g}")
+          + ("_bins" + "-".join(map(str, args.answer_bins)) if args.answer_bins else ""))
   (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 

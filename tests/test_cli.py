@@ -94,6 +94,12 @@ MALFORMED = [
      "OnlineConfig.learning_rate must be a finite number > 0, got 0.0"),
     (["serve-bench", "{stream}", "--divergence", "kl"], "argument --divergence: invalid choice"),
     (["serve-bench", "{stream}", "--buffer-policy", "lru"], "argument --buffer-policy: invalid"),
+    (["serve-bench", "{stream}", "--answer-bins", "16"],
+     "--answer-bins 16 splits goodput's estimate; add --goodput"),
+    (["serve-bench", "{stream}", "--goodput", "--answer-bins", "32,16"],
+     "Goodput.answer_bins must increase, got (32, 16)"),
+    (["serve-bench", "{stream}", "--goodput", "--answer-bins", "16,x"],
+     "--answer-bins must be comma-separated integers, got '16,x'"),
     (["generate", "--goodput"], "--goodput picks a drafter's draft length; give --drafter"),
     (["generate", "--lossy-typical"], "--lossy-typical checks a drafter's drafts; give --drafter"),
     (["generate", "--pearl", "one-device"],
@@ -233,7 +239,8 @@ def test_serve_bench_goodput_reports_the_lengths_it_chose(capsys, tmp_path):
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("Name a fruit.\nName a color.\nName an animal.\nName a city.\n")
   argv = ["serve-bench", str(prompts), "--drafter", "prompt-lookup", "--goodput", "-k", "2",
-          "--carry-estimate", "--batch-size", "2", "--max-new-tokens", "6", "--json"]
+          "--carry-estimate", "--answer-bins", "3", "--batch-size", "2", "--max-new-tokens", "6",
+          "--json"]
   assert main(argv) == 0
   out = capsys.readouterr()
   assert "k'=0..2: " in out.err  # each batch line says the lengths it drafted

@@ -408,6 +408,53 @@ def test_a_carried_estimate_starts_where_the_last_call_ended(tiny, tiny_referenc
       fresh.k_steps, carried.k_steps)
 
 
+@dataclasses.dataclass(frozen=True)
+class Opening(Drafter):
+  """Drafts the target's own greedy token first (its later drafts one past it) while a row has
+  emitted fewer than `until` tokens, and one past it after: a drafter kept only at the opening
+  of an answer."""
+  name: ClassVar[str] = "opening"
+  summary: ClassVar[str] = "test drafter"
+  until: int = 12
+
+  def init(self, params, view: TargetView, config, max_len):
+    return view.lengths - 1  # [b] the prompt's length: emitted tokens = lengths - this
+
+  def propose(self, params, state, view: TargetView, key, config, k: int, sampling):
+    logits, _, _ = llama.forward(view.params, config, view.pending[:, None],
+                                 (view.lengths - 1)[:, None], view.cache)
+    own = jnp.argmax(logits[:, 0], -1)  # [b]
+    first = jnp.where(view.lengths - state < self.until, own, own + 1)
+    tokens = (first[:, None] + jnp.minimum(jnp.arange(k), 1)) % config.vocab_size  # [b, k]
+    return Draft(tokens.astype(jnp.int32), None), state, view
+
+
+def test_answer_bins_carry_what_the_opening_of_an_answer_keeps(tiny, tiny_reference):
+  """Opening's first draft is kept for an answer's first 12 tokens only. Carried from call to
+  call, one estimate for the whole answer starts the next call from the end of the last, where
+  nothing was kept, and takes plain steps through the opening; split at 12 tokens
+  (answer_bins), the opening's own estimate remembers its drafts were kept and drafts there
+  from the first step. Output stays the target's."""
+  cfg, params = tiny
+  kept = {}
+  for bins in ((), (12,)):
+    spec = SpecConfig(k=3, max_new_tokens=40, goodput=Goodput(answer_bins=bins, decay=0.6))
+    run = lambda estimate: speculative_generate(params, cfg, PROMPTS[1:2], Opening(), spec,
+                                                step_costs=COSTS, estimate=estimate)
+    first = run(None)
+    assert first.goodput_estimate[0].shape == (len(bins) + 1, 3)
+    second = run(first.goodput_estimate)
+    assert second.tokens[0][:NEW] == list(tiny_reference[1])
+    kept[bins] = (int(first.accepted_at[0]), int(second.accepted_at[0]))
+  assert kept[(12,)][1] >= 4 and kept[()][1] <= 1, kept
+
+
+@pytest.mark.parametrize("bins", [(0,), (8, 8), (16, 4)])
+def test_answer_bins_name_the_value(bins):
+  with pytest.raises(ValueError, match="answer_bins"):
+    Goodput(answer_bins=bins)
+
+
 @pytest.mark.parametrize("estimate,match", [
     ((np.zeros((1, 2)), np.zeros((1, 2))), "shape \\(1, 3\\).*got \\(1, 2\\)"),
     ((np.ones((1, 3)), np.zeros((1, 3))), "0 <= kept <= reached, got kept \\[\\[1.0"),

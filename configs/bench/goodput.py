@@ -2,7 +2,8 @@
 (acceptance estimated per length of the n-gram match, the default, and pooled over all rows)
 and the shipped EAGLE drafter, and a drafter that is rarely accepted (a one-layer cut of the
 target as draft model), where goodput should settle on plain decoding; "no margin" rows take any
-draft that promises more tokens per second than a plain step (Goodput.margin = 0).
+draft that promises more tokens per second than a plain step (Goodput.margin = 0), "margin 0.05"
+rows half the default's 10%.
 speculax bench --config goodput"""
 from speculax.bench.config import BenchConfig, method
 from speculax.decode.goodput import Goodput
@@ -10,6 +11,7 @@ from speculax.decode.goodput import Goodput
 EAGLE = "results/drafters/eagle-ttt-smollm2"
 POOLED = Goodput(signal=False)
 NO_MARGIN = Goodput(margin=0.0)
+HALF_MARGIN = Goodput(margin=0.05)
 
 BENCH = BenchConfig(
     methods=(
@@ -18,10 +20,14 @@ BENCH = BenchConfig(
         method("prompt lookup goodput k<=4", "prompt-lookup", k=4, goodput=True),
         method("prompt lookup goodput k<=4, pooled", "prompt-lookup", k=4, goodput=POOLED),
         method("prompt lookup goodput k<=4, no margin", "prompt-lookup", k=4, goodput=NO_MARGIN),
+        method("prompt lookup goodput k<=4, margin 0.05", "prompt-lookup", k=4,
+               goodput=HALF_MARGIN),
         method("eagle-ttt k=1", "eagle", k=1, heads=EAGLE),
         method("eagle-ttt k=2", "eagle", k=2, heads=EAGLE),
         method("eagle-ttt goodput k<=4", "eagle", k=4, heads=EAGLE, goodput=True),
         method("eagle-ttt goodput k<=4, no margin", "eagle", k=4, heads=EAGLE, goodput=NO_MARGIN),
+        method("eagle-ttt goodput k<=4, margin 0.05", "eagle", k=4, heads=EAGLE,
+               goodput=HALF_MARGIN),
         method("1-layer cut k=2", "draft-model", k=2, draft_layers=1),
         method("1-layer cut goodput k<=2", "draft-model", k=2, draft_layers=1, goodput=True),
     ),
