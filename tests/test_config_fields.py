@@ -72,7 +72,7 @@ BAD = {
               "posterior_alpha": numbers(0.0) + (1.0,)},
     Goodput: {"decay": numbers(0.0) + (1.0,), "prior": numbers(0.0),
               "prior_acceptance": numbers(0.0) + (1.5,), "probe_every": ints(1), "signal": BOOL,
-              "margin": numbers(-1e-9)},
+              "margin": numbers(-1e-9), "answer_bins": ([16], (0,), (16, 8), (8, 8), (2.5,))},
     StaticTree: {"choices": ("0,1", ((-1,),), (), ((0,), (0, 2.5)))},
     DynamicTree: {"width": ints(1), "depth": ints(1), "children": ints(1)},
     PromptLookup: {"max_ngram": ints(1), "min_ngram": ints(1) + (4,)},  # 4 > max_ngram 3
