@@ -81,10 +81,13 @@ class Goodput(Checked):
     if any(a >= b for a, b in zip(self.answer_bins, self.answer_bins[1:])):
       raise ValueError(f"Goodput.answer_bins must increase, got {self.answer_bins}")
 
+  def signal_values(self, signal_bins: int) -> int:
+    """Values of the drafter's signal the estimate tells apart (1: pooled, signal=False)."""
+    return signal_bins if self.signal else 1
+
   def n_bins(self, signal_bins: int) -> int:
-    """Estimates kept: one per value of the drafter's signal (one pooled with signal=False)
-    and stretch of the answer."""
-    return (signal_bins if self.signal else 1) * (len(self.answer_bins) + 1)
+    """Estimates kept: one per signal value and stretch of the answer."""
+    return self.signal_values(signal_bins) * (len(self.answer_bins) + 1)
 
   def bins(self, signal: jax.Array, n_out: jax.Array, done: jax.Array) -> jax.Array:
     """[b] int32 each row's estimate from its signal value [b] (0 with signal=False) and the

@@ -36,7 +36,7 @@ def pack_prompts(prompts: Sequence[Sequence[int]], vocab_size: int,
     raise ValueError("prompts must be a non-empty list of token-id lists")
   rows = [check_prompt(p, vocab_size, f"prompt {i}") for i, p in enumerate(prompts)]
   lengths = np.array([len(r) for r in rows], np.int32)
-  tokens = np.zeros((len(rows), round_up(int(lengths.max()), bucket)), np.int32)
+  tokens = np.zeros(compiled_shape(rows, bucket), np.int32)
   for i, r in enumerate(rows):
     tokens[i, :len(r)] = r
   return tokens, lengths

@@ -121,7 +121,7 @@ def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Draft
 def row_bins(spec: SpecConfig, drafter: Drafter, dparams, dstate, view: TargetView,
              config: LlamaConfig, n_out: jax.Array, done: jax.Array) -> jax.Array:
   """[b] int32 each row's goodput estimate for the next choice (Goodput.bins; -1: done)."""
-  pooled = not spec.goodput.signal or drafter.signal_bins == 1
+  pooled = spec.goodput.signal_values(drafter.signal_bins) == 1
   signal = (jnp.zeros_like(n_out) if pooled
             else drafter.signal(dparams, dstate, view, config))  # [b]
   return spec.goodput.bins(signal, n_out, done)

@@ -23,6 +23,7 @@ import numpy as np
 from speculax.bench import suites
 from speculax.bench.measure import machine
 from speculax.bench.report import table
+from speculax.cli.args import ints
 from speculax.decode.calibrate import calibrate
 from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
   ap.add_argument("--suite", default="humaneval", choices=("humaneval", "chat"))
   ap.add_argument("--margin", type=float, default=Goodput().margin,
                   help="Goodput.margin of every goodput run")
-  ap.add_argument("--answer-bins", type=lambda v: tuple(int(x) for x in v.split(",")),
+  ap.add_argument("--answer-bins", type=lambda v: ints(v, "--answer-bins"),
                   default=(), help="Goodput.answer_bins of a second pair of goodput runs, "
                   "e.g. 16,64 (tokens into the answer)")
   args = parse_loop_runs(ap, argv)
