@@ -159,6 +159,14 @@ class Drafter(Checked, abc.ABC):
     init): as saved, unless a drafter knows how to grow them."""
     return params
 
+  def target_start(self, params: dict, target_params, config: LlamaConfig,
+                   tokens: jax.Array) -> dict:
+    """The params a run starts from when it takes them from the target's own weights
+    (DistillExperiment.init_from="target"; tokens [b, t] real text where a scale is read off the
+    target's activations); `params` is this run's own init."""
+    raise ValueError(f"init_from='target': the {self.name} drafter has no start from the "
+                     f"target's weights (eagle has: its layers become the target's last)")
+
   def train_outputs(self, params, frozen, config: LlamaConfig, batch: dict, key) -> dict:
     """Per-depth logits [b, t, J, v] (and optional aux_loss, accept_logits, metrics)."""
     raise NotImplementedError(f"{type(self).__name__} is not trained on target features")

@@ -3,10 +3,10 @@
 Each drafter runs its experiment (configs/<name>_smollm2.py: the target's own answers plus
 stdlib code, VocabTrim 16384, AdamW with warmup and cosine decay), resuming whatever is already
 trained; reports held-out acceptance 1 - TV and top-1 agreement per draft depth, before and
-after, with the wall-clock training time; writes --results (runs/results/train_drafters.json), and with --ship a
-bfloat16 copy of each finished drafter to results/drafters/<name>-smollm2/ (what `speculax
-generate --drafter <kind> --heads results/drafters/<name>-smollm2` loads on a fresh clone), or
-to the folder name --ship gives.
+after, with the wall-clock training time; writes --results (runs/results/train_drafters.json),
+and with --ship a bfloat16 copy of each finished drafter to results/drafters/<name>-smollm2/
+(what `speculax generate --drafter <kind> --heads results/drafters/<name>-smollm2` loads on a
+fresh clone), or to the folder name --ship gives.
 
   .venv/bin/python -m speculax.research.train_drafters --drafters eagle --ship
   # the shipped EAGLE-3: the second stage on EAGLE, shipped in the EAGLE-3 folder
@@ -20,6 +20,9 @@ to the folder name --ship gives.
   # the shipped EAGLE + TTT trained on: 600 more updates on twice the answers
   .venv/bin/python -m speculax.research.train_drafters --drafters eagle_ttt --prompts 2400 \
       --rows 2800 --init-from results/drafters/eagle-ttt-smollm2 --steps 600 --tag more2800
+  # EAGLE's draft layer started as the target's last layer instead of the identity:
+  .venv/bin/python -m speculax.research.train_drafters --drafters eagle --steps 100 \
+      --init-from target --tag target100
   # no training: answer 2400 training prompts (the recipe uses 1200), resumable
   .venv/bin/python -m speculax.research.train_drafters --prompts 2400 --corpus-only
   # no training: a drafter folder's held-out figures, here on the answers only
@@ -144,8 +147,9 @@ def main():
                   help="train nothing: the held-out figures of this drafter (a finished run or a "
                        "shipped drafter of the --drafters kind) under the experiment's data")
   ap.add_argument("--init-from", default=None, metavar="FOLDER",
-                  help="start from this finished run or shipped drafter of the same kind "
-                       "(default: the experiment's own start)")
+                  help="start from this finished run or shipped drafter of the same kind, or "
+                       "'target': EAGLE's draft layers from the target's last ones (default: "
+                       "the experiment's own start)")
   ap.add_argument("--tag", default="", help="suffix of the run folders (runs/<name>-<tag>)")
   ap.add_argument("--ship", nargs="?", const="", default=None, metavar="NAME",
                   help=f"copy finished drafters to {SHIPPED}/<name>-smollm2 in bfloat16 (or to "

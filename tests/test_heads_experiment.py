@@ -184,7 +184,8 @@ def test_a_run_starts_from_a_finished_one_of_its_kind(model, trained, tmp_path):
   again = run(dataclasses.replace(_exp(tmp_path, "second", HEADS), init_from=str(exp.folder)),
               model=model)
   assert again["heldout_before"] == pytest.approx(first["heldout_after"], rel=1e-5)
-  assert again["heldout_before"]["acceptance"] != pytest.approx(first["heldout_before"]["acceptance"])
+  assert again["heldout_before"]["acceptance"] != pytest.approx(
+      first["heldout_before"]["acceptance"])
   with pytest.raises(ValueError, match="holds a medusa drafter, not eagle"):
     run(dataclasses.replace(_exp(tmp_path, "e", HeadsConfig(Eagle(), batch_size=4, optim=OPTIM)),
                             init_from=str(exp.folder)), model=model)
@@ -192,6 +193,28 @@ def test_a_run_starts_from_a_finished_one_of_its_kind(model, trained, tmp_path):
     run(dataclasses.replace(_exp(tmp_path, "m2", HeadsConfig(Medusa(2), batch_size=4,
                                                              optim=OPTIM)),
                             init_from=str(exp.folder)), model=model)
+
+
+def test_an_eagle_run_can_start_from_the_targets_last_layers(model, tmp_path):
+  """init_from="target": the draft layers are the target's last ones in order, the drafter's
+  norm its final norm, and fc undoes the final norm's scale up to one residual-stream size."""
+  eagle = HeadsConfig(Eagle(draft_layers=2), batch_size=4, optim=OPTIM)
+  start = run(dataclasses.replace(_exp(tmp_path, "from-target", eagle), init_from="target"),
+              model=model, until=0)
+  params, target = start["state"].params, model.params
+  n, d = model.config.n_layers, model.config.d_model
+  for i, key in enumerate(("layer", "layer1")):
+    for name in ("q", "down"):
+      np.testing.assert_allclose(params[key][name], target["layers"][name][n - 2 + i])
+  np.testing.assert_allclose(params["norm"], target["final_norm"])
+  scale = np.diag(params["fc"][:d]) * np.asarray(target["final_norm"])  # [d]: one size
+  assert scale[0] > 0 and np.allclose(scale, scale[0])
+  np.testing.assert_array_equal(params["fc"][d:], 0)
+  own = run(_exp(tmp_path, "own-start", eagle), model=model, until=0)
+  assert start["heldout_before"]["acceptance"] != pytest.approx(
+      own["heldout_before"]["acceptance"])
+  with pytest.raises(ValueError, match="the medusa drafter has no start from the target"):
+    run(dataclasses.replace(_exp(tmp_path, "m", HEADS), init_from="target"), model=model, until=0)
 
 
 def test_an_eagle3_run_continues_an_eagle_run_exactly(model, trimmed, tmp_path):

@@ -78,7 +78,8 @@ class DistillExperiment(Checked):
   out_dir: str = "runs"
   teacher_dir: str | None = None  # shared teacher caches (same target + data); default: own folder
   # A finished run folder of the same drafter kind whose params start this one (a second stage:
-  # e.g. training-time test on top of a trained EAGLE); default: the drafter's own init.
+  # e.g. training-time test on top of a trained EAGLE), or "target": the target's own weights
+  # where the drafter has a form for that (Drafter.target_start); default: the drafter's init.
   init_from: str | None = None
   checkpoint_every: int = field(50, ge=1)
   keep: int = field(2, ge=1)
@@ -113,23 +114,27 @@ class Student:
   hidden_layers: tuple[int, ...] = ()  # target features the teacher cache must hold
 
 
-def student(exp: DistillExperiment, model: LoadedModel, order: np.ndarray) -> Student:
+def student(exp: DistillExperiment, model: LoadedModel, order: np.ndarray,
+            tokens: np.ndarray) -> Student:
   """Head drafters start from their own init on the target; draft models from its layers.
 
   order: the frequency order of the training tokens [v]; a head drafter with vocab_trim N
   trains on the N first (their output rows ride in frozen[vocab_trim.TRIM]).
+  tokens: a training row or a few [b, t], for a start taken from the target's weights.
   """
   cfg = exp.distill
   if isinstance(cfg, HeadsConfig):
     drafter = cfg.drafter
     params = drafter.init_params(model.config, jax.random.key(cfg.seed))
-    if exp.init_from is not None:
+    if exp.init_from == "target":
+      params = drafter.target_start(params, model.params, model.config, jnp.asarray(tokens))
+    elif exp.init_from is not None:
       params = warm_start(exp.init_from, type(drafter), params, model.config, drafter)
     return Student(model.config, params,
                    frozen_params(drafter, params, model.params, model.config, order),
                    tuple(drafter.hidden_layers))
   config, params = truncated(model.params, model.config, exp.draft_layers)
-  if exp.init_from is not None:
+  if exp.init_from not in (None, "target"):  # a draft model starts from the target's layers
     params = warm_start(exp.init_from, DraftModel, params, model.config)
   return Student(config, params)
 
@@ -199,7 +204,7 @@ def run(exp: DistillExperiment, *, until: int | None = None,
         "corpus")
   train_rows, held_rows = map(corpus.as_rows, rows)
   order = vocab_trim.frequency_order(train_rows.tokens, model.config.vocab_size)
-  s = student(exp, model, order)
+  s = student(exp, model, order, train_rows.tokens[:1])
 
   def teacher_cache(split: str, tokens: np.ndarray):  # or a finished one of the split's others
     return primary_first(lambda: build_teacher_cache(
