@@ -138,7 +138,10 @@ class Eagle(Drafter):
     norm's scale undone, times the median RMS of the first copied layer's input over `tokens`)
     and the drafter's norm is the target's final norm. So an untrained drafter applies the
     target's last layers once more to its last feature. Measured below init_params' identity
-    after 100 updates on SmolLM2 (README, issue 18), kept as the experiment it was."""
+    after 100 and 300 updates on SmolLM2 (README, issue 18), kept as the experiment it was."""
+    if tuple(self.feature_layers) != (-1,):
+      raise ValueError(f"init_from='target' reads g as the final-normed feature; this drafter "
+                       f"fuses feature_layers {self.feature_layers}: use (-1,)")
     n, d = self.draft_layers, config.d_model
     first = config.n_layers - n  # HF index of the first copied layer's input
     _, hidden, _ = llama.forward(target_params, config, tokens,

@@ -215,6 +215,10 @@ def test_an_eagle_run_can_start_from_the_targets_last_layers(model, tmp_path):
       own["heldout_before"]["acceptance"])
   with pytest.raises(ValueError, match="the medusa drafter has no start from the target"):
     run(dataclasses.replace(_exp(tmp_path, "m", HEADS), init_from="target"), model=model, until=0)
+  eagle3 = HeadsConfig(Eagle.eagle3(model.config.n_layers), batch_size=4, optim=OPTIM)
+  with pytest.raises(ValueError, match=r"fuses feature_layers \(1, 2\): use \(-1,\)"):
+    run(dataclasses.replace(_exp(tmp_path, "e3", eagle3), init_from="target"), model=model,
+        until=0)
 
 
 def test_an_eagle3_run_continues_an_eagle_run_exactly(model, trimmed, tmp_path):
