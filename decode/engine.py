@@ -59,7 +59,7 @@ def prefill(params, config: LlamaConfig, tokens, lengths, cache: KVCache,
   Pad slots are written but the cache length is set to each prompt's true length, so they
   are invisible and get overwritten by the first generated tokens.
   """
-  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  positions = llama.row_positions(*tokens.shape)
   logits, hidden, cache = llama.forward(params, config, tokens, positions, cache,
                                         hidden_layers=hidden_layers or (-1,),
                                         logits_at=(lengths - 1)[:, None])

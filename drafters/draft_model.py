@@ -69,8 +69,7 @@ class DraftModel(Drafter):
 
   def init(self, params, view: TargetView, config, max_len: int) -> KVCache:
     cache = KVCache.init(self.config, view.lengths.shape[0], max_len, per_layer=True)
-    width = view.history.shape[1]
-    positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), view.history.shape)
+    positions = llama.row_positions(*view.history.shape)
     # Prefill on the whole buffer; only the first lengths - 1 slots stay valid.
     _, _, cache = llama.forward(params, self.config, view.history, positions, cache,
                                 logits_at=jnp.zeros((view.history.shape[0], 1), jnp.int32))

@@ -145,7 +145,7 @@ class Eagle(Drafter):
     n, d = self.draft_layers, config.d_model
     first = config.n_layers - n  # HF index of the first copied layer's input
     _, hidden, _ = llama.forward(target_params, config, tokens,
-                                 jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape),
+                                 llama.row_positions(*tokens.shape),
                                  hidden_layers=(first,))
     rms = float(jnp.median(jnp.sqrt(jnp.mean(jnp.square(hidden[0]), -1))))
     final = jnp.asarray(target_params["final_norm"], jnp.float32)  # [d]
@@ -162,7 +162,7 @@ class Eagle(Drafter):
     b, t = f.shape[1:3]
     cache = KVCache.init(layer_config(config, self.draft_layers), b, max_len, per_layer=True)
     a, cache = _step(params, view.params, config, _fuse(params, f), view.history[:, 1:t + 1],
-                     jnp.broadcast_to(jnp.arange(t), (b, t)), cache, llama.causal_mask(b, t))
+                     llama.row_positions(b, t), cache, llama.causal_mask(b, t))
     pending = view.lengths - 1  # [b]
     return EagleState(cache.with_lengths(pending), a[jnp.arange(b), pending - 1], config)
 

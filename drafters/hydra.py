@@ -86,7 +86,7 @@ class Hydra(Drafter):
       return HydraState(feats[rows, last], None, config)
     cache = KVCache.init(layer_config(config), b, max_len, per_layer=True)
     out, cache = run_layers((params["prefix"],), config, feats,
-                            jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), cache)
+                            llama.row_positions(b, t), cache)
     # Pad slots past each prompt were written too; the length hides them.
     return HydraState(out[rows, last], cache.with_lengths(view.lengths - 1), config)
 
@@ -131,7 +131,7 @@ class Hydra(Drafter):
     tokens, h = batch["tokens"], batch["hidden"][0]  # [b, t], [b, t, d]
     t = tokens.shape[1]
     if self.prefix_attention:
-      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), tokens.shape)
+      positions = llama.row_positions(*tokens.shape)
       h, _ = run_layers((params["prefix"],), config, h, positions)
     e = llama.embed(frozen, config, tokens)  # [b, t, d]
     ahead = jnp.stack([jnp.pad(e[:, m:], ((0, 0), (0, m), (0, 0))) for m in

@@ -120,7 +120,7 @@ def _pack(seqs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 @functools.partial(jax.jit, static_argnames=("config",))
 def _top1(params, config: LlamaConfig, tokens, keep):  # -> [b, t] int32
   """Argmax next token at every position of the model that runs only the `keep` [l] layers."""
-  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  positions = llama.row_positions(*tokens.shape)
   logits, _, _ = llama.forward(params, config, tokens, positions, layer_mask=keep)
   return jnp.argmax(logits, -1).astype(jnp.int32)
 

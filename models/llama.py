@@ -313,6 +313,11 @@ def causal_mask(batch: int, t: int) -> jax.Array:  # [b, t, t] bool
   return jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (batch, t, t))
 
 
+def row_positions(batch: int, t: int) -> jax.Array:  # [b, t] int32
+  """Positions 0 .. t - 1 in every row: a block of whole rows from their start."""
+  return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (batch, t))
+
+
 def forward(params: Params, config: LlamaConfig, tokens: jax.Array, positions: jax.Array,
             cache: KVCache | None = None, mask: jax.Array | None = None, *,
             hidden_layers: tuple[int, ...] = (-1,), logits_at: jax.Array | None = None,

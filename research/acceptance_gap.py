@@ -61,7 +61,7 @@ def first_draft(drafter, params, frozen, config, tokens) -> dict[str, jax.Array]
   forced on tokens [b, t]): top1, whether it is the target's argmax there; accept, its 1 - TV
   against the target's law; q_top, its top probability; and p_top, the target's top probability
   at m. Position 0 is undefined for head drafters (they draft from position m - 1's features)."""
-  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  positions = llama.row_positions(*tokens.shape)
   layers = tuple(getattr(drafter, "hidden_layers", ()))
   logits, hidden, _ = llama.forward(frozen, config, tokens, positions,
                                     hidden_layers=layers or (-1,))

@@ -74,7 +74,7 @@ def _student_logits(params, config: LlamaConfig, tokens, mixed_precision: bool):
   if mixed_precision:
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
     config = config.with_runtime(dtype="bfloat16", param_dtype="bfloat16")
-  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  positions = llama.row_positions(*tokens.shape)
   logits, _, _ = llama.forward(params, config, tokens, positions)
   return logits.astype(jnp.float32)  # [b, t, v]
 
@@ -120,7 +120,7 @@ def eval_metrics(params, config: LlamaConfig, cfg, batch, frozen=None) -> dict:
 @functools.partial(jax.jit, static_argnames=("config", "k"))
 def teacher_topk(params, config: LlamaConfig, tokens, k: int):
   """The target's top-k log-probs at every position of tokens [b, t] (on-policy rows)."""
-  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  positions = llama.row_positions(*tokens.shape)
   logits, _, _ = llama.forward(params, config, tokens, positions)
   logprobs, ids = jax.lax.top_k(jax.nn.log_softmax(logits), k)
   return ids.astype(jnp.int32), logprobs

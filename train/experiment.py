@@ -67,6 +67,9 @@ class DataConfig(Checked):
   answers_dir: str | None = None
 
 
+TARGET_START = "target"  # DistillExperiment.init_from: start from the target's own weights
+
+
 @dataclasses.dataclass(frozen=True)
 class DistillExperiment(Checked):
   name: str
@@ -126,7 +129,7 @@ def student(exp: DistillExperiment, model: LoadedModel, order: np.ndarray,
   if isinstance(cfg, HeadsConfig):
     drafter = cfg.drafter
     params = drafter.init_params(model.config, jax.random.key(cfg.seed))
-    if exp.init_from == "target":
+    if exp.init_from == TARGET_START:
       params = drafter.target_start(params, model.params, model.config, jnp.asarray(tokens))
     elif exp.init_from is not None:
       params = warm_start(exp.init_from, type(drafter), params, model.config, drafter)
@@ -134,7 +137,7 @@ def student(exp: DistillExperiment, model: LoadedModel, order: np.ndarray,
                    frozen_params(drafter, params, model.params, model.config, order),
                    tuple(drafter.hidden_layers))
   config, params = truncated(model.params, model.config, exp.draft_layers)
-  if exp.init_from not in (None, "target"):  # a draft model starts from the target's layers
+  if exp.init_from not in (None, TARGET_START):  # a draft model starts from the target's layers
     params = warm_start(exp.init_from, DraftModel, params, model.config)
   return Student(config, params)
 

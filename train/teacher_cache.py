@@ -136,7 +136,7 @@ def _teacher_batch(params, config, tokens, top_k, hidden_layers) -> dict[str, np
 def _teacher_outputs(params, config: LlamaConfig, tokens, top_k: int | None,
                      hidden_layers: tuple[int, ...]) -> dict[str, jax.Array]:
   """log_softmax and top-k run on the device: only [b, t, K] values travel to the host."""
-  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  positions = llama.row_positions(*tokens.shape)
   logits, hidden, _ = llama.forward_jit(params, config, tokens, positions, None,
                                         hidden_layers=hidden_layers or (-1,))
   logprobs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [b, t, v]
