@@ -94,6 +94,10 @@ class BenchConfig(Checked):
   suites: tuple[str, ...] = ("humaneval",)  # bench/suites.py names, or prompt files
   prompts: int = field(3, ge=1)  # per suite, decoded one at a time at batch 1
   batch_sizes: tuple[int, ...] = field((1,), ge=1)  # batch b > 1 decodes b prompts at once
+  # At batch b > 1: decode the suite's `prompts` b rows at a time, a finished row refilled with
+  # the next prompt (continuous batching, every method AR included); False: the first b prompts
+  # as one fixed batch.
+  continuous: bool = False
   temperatures: tuple[float, ...] = field((0.0,), ge=0)  # 0: greedy (greedy equality counted)
   new_tokens: int = field(48, ge=1)  # exactly this many per prompt (EOS off: speeds compare)
   # Split a step's time into the verify forward (timed outside the loop for that many tokens at
@@ -117,6 +121,13 @@ class BenchConfig(Checked):
       raise ValueError("BenchConfig needs at least one suite, batch size and temperature")
     for name in self.suites:
       suites.check_name(name)
+    if self.continuous:
+      if pearls := [m.name for m in self.methods if m.pearl]:
+        raise ValueError(f"BenchConfig.continuous refills rows of draft-then-verify loops; PEARL "
+                         f"decodes fixed batches: drop {pearls}")
+      if too_few := [b for b in self.batch_sizes if 1 < b >= self.prompts]:
+        raise ValueError(f"BenchConfig.continuous at batch {too_few[0]} needs more prompts than "
+                         f"rows to refill them; prompts={self.prompts}")
 
   def only(self, names) -> BenchConfig:
     """This config with the methods named (in its own order; none named: all of them)."""

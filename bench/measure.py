@@ -76,7 +76,8 @@ class Run:
 
 
 def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int = 1,
-                hot: bool = False, step_costs=None, pearl_form: str | None = None) -> Run:
+                hot: bool = False, step_costs=None, pearl_form: str | None = None,
+                continuous: bool = False) -> Run:
   """One method over the prompts decoded `batch` at a time (drafter None = autoregressive).
   Every batch compiles apart first (warmup; a no-op when its shapes were compiled already):
   batches in another prompt-length bucket recompile.
@@ -84,19 +85,26 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
   hot: each batch starts from the drafter state the previous one ended with (as params).
   step_costs: goodput-driven runs' step costs (decode/calibrate.py).
   pearl_form: PEARL's form (decode/pearl.FORMS) instead of draft-then-verify.
+  continuous: one stream of every prompt, `batch` rows at a time, a finished row refilled with
+  the next prompt (decode/continuous.py), instead of batches of `batch` prompts.
   """
+  if continuous and pearl_form:
+    raise ValueError(f"PEARL ({pearl_form}) decodes fixed batches; continuous batching is for "
+                     "autoregressive and draft-then-verify decoding")
+  rows = batch if continuous else None
+  starts = [0] if continuous else range(0, len(prompts) - batch + 1, batch)
   wall = n_tokens = row_steps = step_tokens = compile_s = accepted = drafted = steps = decode = 0
   tokens, k_steps = [], None
-  for i in range(0, len(prompts) - batch + 1, batch):
-    key, chunk = jax.random.key(i), prompts[i:i + batch]
+  for i in starts:
+    key, chunk = jax.random.key(i), prompts[i:] if continuous else prompts[i:i + batch]
     if drafter is None:
-      out = generate(model.params, model.config, chunk, spec, key, warmup=True)
+      out = generate(model.params, model.config, chunk, spec, key, warmup=True, rows=rows)
     else:
       out = (pearl_generate(model.params, model.config, chunk, drafter, spec, dparams, key,
                             draft_device(pearl_form), warmup=True) if pearl_form else
              speculative_generate(model.params, model.config, chunk, drafter, spec,
                                   drafter_params=dparams, key=key, warmup=True,
-                                  step_costs=step_costs))
+                                  step_costs=step_costs, rows=rows))
       if hot:
         dparams = out.drafter_state
       row_steps, step_tokens = row_steps + out.row_steps, step_tokens + out.step_tokens
@@ -110,4 +118,4 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
   acceptance = (np.asarray(accepted) / max(row_steps, 1)).tolist() if row_steps else []
   return Run(n_tokens / wall, tau, acceptance, drafted / max(row_steps, 1), compile_s, steps,
              decode, tokens, None if k_steps is None else k_steps.tolist(),
-             row_steps / (steps * batch) if row_steps else None)  # every chunk holds `batch`
+             row_steps / (steps * batch) if row_steps else None)  # every step holds `batch` rows

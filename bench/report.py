@@ -42,6 +42,8 @@ def markdown(result: dict) -> str:
   head = (f"`{result['command'] or result['name']}` on {result['machine']}, {result['date']}: "
           f"{result['target']} ({result['precision']}), {result['new_tokens']} new tokens per "
           "prompt (EOS off), compile time apart"
+          + ("; batch b > 1 is continuous batching: a panel's prompts b rows at a time, a "
+             "finished row refilled with the next" if result.get("continuous") else "")
           + ("; tok/s the median of each row's rounds, run round-robin." if rounds else "."))
   rows = [[r["suite"], r["batch"], r["sampling"], r["method"], r["tau"], acc(r["acceptance"]),
            r["drafts_per_step"], r["tokens_per_s"], r["speedup"], r["speedup_per_tau"], same(r),

@@ -59,7 +59,8 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
            build_drafter(m.drafter, model, load, m.options, m.k, m.fields) for m in cfg.methods}
   result = dict(name=name, command=command, machine=machine(),
                 date=datetime.date.today().isoformat(), target=cfg.target,
-                precision=cfg.precision, new_tokens=cfg.new_tokens, forward_s={}, rows=[])
+                precision=cfg.precision, new_tokens=cfg.new_tokens, continuous=cfg.continuous,
+                forward_s={}, rows=[])
   forwards = result["forward_s"]  # batch -> tokens -> seconds of a forward (the step split)
   order = [AUTOREGRESSIVE, *cfg.methods, AUTOREGRESSIVE]  # AR first and last: machine drift
   panels = [(s, b, t) for s in cfg.suites for b in cfg.batch_sizes for t in cfg.temperatures]
@@ -67,7 +68,7 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
                   disable=None, file=sys.stderr)
   for suite, batch, temperature in panels:
     ids = prompt_sets[suite]
-    chunk = ids[:cfg.prompts] if batch == 1 else ids[:batch]
+    chunk = ids[:cfg.prompts] if batch == 1 or cfg.continuous else ids[:batch]
     panel, reference, costs, step_s = [], None, {}, {}  # costs, step seconds: per method
     for rnd, (i, m) in itertools.product(range(cfg.repeats), enumerate(order)):
       drafter, dparams = built.get(m.name, (None, None))
@@ -79,7 +80,8 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
         costs[i] = None if m.policy is None else calibrate(
             model.params, model.config, chunk[:batch], drafter, spec, dparams)
       r = run_prompts(model, chunk, drafter, dparams, spec, batch, hot=m.hot,
-                      step_costs=costs[i], pearl_form=m.pearl)
+                      step_costs=costs[i], pearl_form=m.pearl,
+                      continuous=cfg.continuous and batch > 1)
       step_s.setdefault(i, []).append(r.decode_s / max(r.steps, 1))
       if rnd == 0:
         reference = reference or r.tokens

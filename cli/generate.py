@@ -78,6 +78,9 @@ def add_parser(sub) -> None:
                  help="PEARL: the draft model (--drafter draft-model, a chain) drafts while the "
                       "target verifies; two-device puts it on the second device (on CPU: "
                       "SPECULAX_CPU_DEVICES=2)")
+  p.add_argument("--rows", type=count(1), default=None, metavar="N",
+                 help="continuous batching: decode the prompts N at a time, each finished row "
+                      "refilled with the next prompt (default: all prompts as one batch)")
   p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
                  help="run sharded on a device mesh of this shape, e.g. 4,1,2")
   p.add_argument("--json", action="store_true",
@@ -133,10 +136,11 @@ def run(args) -> int:
   if args.pearl and args.drafter != "draft-model":
     raise ValueError(f"--pearl drafts with a draft model; give --drafter draft-model, not "
                      f"{args.drafter}")
-  if args.pearl and (args.goodput or args.mesh):
-    raise ValueError("--pearl runs its own adaptive length on its own devices: drop "
-                     + " and ".join(f for f, on in (("--goodput", args.goodput),
-                                                    ("--mesh", args.mesh)) if on))
+  if args.pearl and (args.goodput or args.mesh or args.rows):
+    raise ValueError("--pearl runs its own adaptive length on its own devices, one fixed batch: "
+                     "drop " + " and ".join(f for f, on in (("--goodput", args.goodput),
+                                                            ("--mesh", args.mesh),
+                                                            ("--rows", args.rows)) if on))
   if args.prompt and args.prompts:
     raise ValueError("give prompts with --prompt or --prompts FILE, not both")
   if args.prompt and any(not p.strip() for p in args.prompt):
@@ -161,7 +165,8 @@ def run(args) -> int:
   key = jax.random.key(args.seed)
   if drafter is None:
     gen = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, eos_ids=tok.eos_ids)
-    out = generate(model.params, model.config, prompts, gen, key, mesh=mesh, warmup=True)
+    out = generate(model.params, model.config, prompts, gen, key, mesh=mesh, warmup=True,
+                   rows=args.rows)
   else:
     spec = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling,
                       eos_ids=tok.eos_ids, goodput=Goodput() if args.goodput else None,
@@ -172,13 +177,13 @@ def run(args) -> int:
     else:
       costs = None
       if args.goodput:
-        costs = calibrate(model.params, model.config, prompts, drafter, spec, dparams, key=key,
-                          mesh=mesh)
+        costs = calibrate(model.params, model.config, prompts[:args.rows], drafter, spec, dparams,
+                          key=key, mesh=mesh)
         print("goodput: seconds per step drafting k = 0..{}: {}".format(
             args.k, " ".join(f"{s:.4f}" for s in costs)), file=sys.stderr)
       out = speculative_generate(model.params, model.config, prompts, drafter, spec,
                                  drafter_params=dparams, key=key, mesh=mesh, warmup=True,
-                                 step_costs=costs)
+                                 step_costs=costs, rows=args.rows)
   texts = [tok.decode(ids) for ids in out.tokens]
   if args.json:
     print(json.dumps({"drafter": args.drafter, "prompts": [x["prompt"] for x in items],

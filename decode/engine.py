@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from speculax.decode.config import GenerateConfig
 from speculax.decode.inputs import check_room, pack_prompts
@@ -25,6 +26,11 @@ from speculax.models import distributed, llama, sharding
 from speculax.models.config import LlamaConfig
 from speculax.models.kvcache import KVCache
 from speculax.models.sharding import MeshConfig
+
+
+def running(done: jax.Array, watch: jax.Array) -> jax.Array:
+  """[] bool: a loop goes on while a row [b] is unfinished and no watched row is done."""
+  return ~jnp.all(done) & ~jnp.any(done & watch)
 
 
 def one_state(state) -> list:
@@ -40,7 +46,9 @@ class Program:
   # budget: [] int32) -> loop state whose rows stop at `budget` new tokens (<= the config's
   # max_new_tokens, which sizes the buffers: a shorter run reuses the compiled loop).
   start: Callable[..., Any]
-  loop: Callable[[Any, Any], Any]  # (params, state) -> state, run until every row is done
+  # (params, state, watch [b] bool) -> state, run until every row is done or a watched one is
+  # (continuous batching refills it: decode/continuous.py). The state has done [b] bool.
+  loop: Callable[[Any, Any, jax.Array], Any]
   # state -> (buffer [b, W], first [b], n [b]): row i's new tokens are buffer[i, first:first + n].
   new_tokens: Callable[[Any], tuple[jax.Array, jax.Array, jax.Array]]
   # state -> the states the warm-up runs one loop step from, each with buffers of its own (the
@@ -83,7 +91,12 @@ def place(params, config: LlamaConfig, cache: KVCache, tokens, lengths, mesh: Me
     cache = sharding.shard_cache(cache, m, mesh.rules)
     tokens = distributed.put_global(tokens, sharding.batch_sharding(m, mesh.rules, 2))
     lengths = distributed.put_global(lengths, sharding.batch_sharding(m, mesh.rules, 1))
-  return (llama.unstack_layers(params) if stacked else params), cache, tokens, lengths
+  return decoding_params(params), cache, tokens, lengths
+
+
+def decoding_params(params):
+  """The layers unstacked for decoding (`llama.unstack_layers`); unstacked params as they are."""
+  return params if isinstance(params["layers"], tuple) else llama.unstack_layers(params)
 
 
 def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Program,
@@ -123,6 +136,7 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
   # The attention kernel reads the mesh in context to run per shard (shard_map); XLA's own
   # attention is partitioned from the arrays' shardings alone.
   kernel_mesh = mesh is not None and config.runtime.attention_impl != "xla"
+  watch = np.zeros((b,), bool)  # a fixed batch: every row runs to its end
   with jax.set_mesh(sharding.make_mesh(mesh)) if kernel_mesh else contextlib.nullcontext():
     compile_s = None  # no warm-up: the timings include compiling (DecodeOutput says so)
     if warmup:
@@ -130,12 +144,12 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
       # one loop step: the prefill's token and one more
       warm = begin(jax.tree.map(jnp.copy, cache), min(2, budget))
       for state in program.warm_states(warm):
-        jax.block_until_ready(program.loop(params, state))
+        jax.block_until_ready(program.loop(params, state, watch))
       compile_s = time.perf_counter() - t
     t0 = time.perf_counter()
     state = jax.block_until_ready(begin(cache, budget))
     t1 = time.perf_counter()
-    state = jax.block_until_ready(program.loop(params, state))
+    state = jax.block_until_ready(program.loop(params, state, watch))
     t2 = time.perf_counter()
   # Rows sharded over several processes are gathered: every process returns every row.
   buffer, first, n = (distributed.to_host(x) for x in program.new_tokens(state))

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from speculax.core.sampling import sample
-from speculax.decode import engine
+from speculax.decode import continuous, engine
 from speculax.decode.config import GenerateConfig
 from speculax.decode.metrics import DecodeOutput
 from speculax.models import llama
@@ -47,7 +47,9 @@ def emit(state: DecodeState, tok: jax.Array, eos_ids: tuple[int, ...]) -> Decode
 
 
 @functools.partial(jax.jit, static_argnames=("config", "gen"), donate_argnames=("state",))
-def decode_loop(params, config: LlamaConfig, gen: GenerateConfig, state: DecodeState):
+def decode_loop(params, config: LlamaConfig, gen: GenerateConfig, state: DecodeState,
+                watch: jax.Array):
+  """Steps until every row is done or one of the watched rows [b] bool is."""
   def step(s: DecodeState) -> DecodeState:
     key, sub = jax.random.split(s.key)
     logits, _, cache = llama.forward(params, config, s.last[:, None], s.cache.lengths[:, None],
@@ -55,7 +57,7 @@ def decode_loop(params, config: LlamaConfig, gen: GenerateConfig, state: DecodeS
     s = s.replace(cache=cache, key=key, forwards=s.forwards + 1)
     return emit(s, sample(sub, logits[:, 0], gen.sampling), gen.eos_ids)
 
-  return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
+  return jax.lax.while_loop(lambda s: engine.running(s.done, watch), step, state)
 
 
 def _start(gen: GenerateConfig, params, tokens, lengths, logits, hidden, cache, key, max_len,
@@ -72,17 +74,21 @@ def _start(gen: GenerateConfig, params, tokens, lengths, logits, hidden, cache, 
 
 def generate(params, config: LlamaConfig, prompts, gen: GenerateConfig = GenerateConfig(),
              key: jax.Array | None = None, mesh: MeshConfig | None = None,
-             warmup: bool = False) -> DecodeOutput:
+             warmup: bool = False, rows: int | None = None) -> DecodeOutput:
   """Generates up to gen.max_new_tokens for each prompt (lists of token ids), batched.
 
   Greedy output of each prompt is the same whatever else is in the batch. With `mesh`, params,
   cache and batch are placed by the logical-axis rules and the same jitted code runs sharded.
   warmup: compile prefill and the loop first and run one loop step, timed as compile_s, so
   prefill_s, decode_s and tokens_per_s measure only the run itself.
+  rows: continuous batching, `rows` prompts at a time, each finished row refilled with the next
+  (decode/continuous.py); None: every prompt in one batch.
   """
   program = engine.Program(
       extra_slots=0, hidden_layers=(), start=functools.partial(_start, gen),
-      loop=lambda p, state: decode_loop(p, config, gen, state),
+      loop=lambda p, state, watch: decode_loop(p, config, gen, state, watch),
       new_tokens=lambda s: (s.out, jnp.zeros_like(s.n_out), s.n_out))
-  _, out = engine.run(params, config, prompts, gen, program, key, mesh, warmup)
+  _, out = (engine.run(params, config, prompts, gen, program, key, mesh, warmup) if rows is None
+            else continuous.run(params, config, prompts, gen, program, rows, key, warmup,
+                                mesh=mesh))
   return out

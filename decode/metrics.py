@@ -39,6 +39,9 @@ class DecodeOutput:
   lossy: str | None = None
   drafter_state: Any = None  # the drafter's final state (e.g. a Token Recycling matrix to reuse)
   texts: list[str] | None = None  # the new tokens decoded, when the caller had a tokenizer
+  # Rows decoded at once (None: every prompt, one batch); continuous batching (rows=) decodes
+  # the prompts this many at a time, a finished row refilled with the next prompt.
+  batch: int | None = None
 
   @property
   def new_tokens(self) -> int:
@@ -75,7 +78,7 @@ class DecodeOutput:
     steps). At batch > 1 a finished row rides along in every later step until the last row
     finishes, so a batch's speedup over AR is about tau x this share / a step's cost in AR steps
     (1.0 at batch 1)."""
-    steps = (self.forwards - 1) * len(self.tokens)
+    steps = (self.forwards - 1) * (self.batch or len(self.tokens))
     return self.row_steps / steps if self.row_steps and steps else None
 
   @property
@@ -111,6 +114,8 @@ class DecodeOutput:
                                      "drafts checked per step" if acc else "")
             + ("" if len(self.tokens) < 2 or self.rows_active is None else
                f"; {self.rows_active:.0%} of the batch's row-steps on unfinished rows")
+            + ("" if self.batch is None else
+               f"; continuous batching, {self.batch} rows at a time")
             + ("" if self.k_steps is None else
                f"; goodput chose k = 0..{len(self.k_steps) - 1} in "
                f"{'/'.join(str(int(n)) for n in self.k_steps)} steps")

@@ -138,15 +138,15 @@ def verify(spec: SpecConfig, s: PearlState, logits, tokens, q) -> PearlState:
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "drafter"), donate_argnames=("state",))
 def pearl_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: DraftModel,
-               state: PearlState) -> PearlState:
+               state: PearlState, watch: jax.Array) -> PearlState:
   """One device: each step's drafting and window forward in one program, until every row is
-  done."""
+  done or a watched one [b] bool is."""
   def step(s):
     tokens, q, dcache = draft(dparams, drafter, spec, s.drafter, *draft_inputs(s))
     logits, cache = target_window(params, config, s.cache, s)
     return verify(spec, s.replace(cache=cache, drafter=dcache), logits, tokens, q)
 
-  return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
+  return jax.lax.while_loop(lambda s: engine.running(s.done, watch), step, state)
 
 
 _draft_inputs = jax.jit(draft_inputs)
@@ -156,7 +156,7 @@ _verify = jax.jit(verify, static_argnames=("spec",), donate_argnames=("s",))
 
 
 def two_device_loop(params, dparams, config: LlamaConfig, spec: SpecConfig,
-                    drafter: DraftModel, state: PearlState,
+                    drafter: DraftModel, state: PearlState, watch: jax.Array,
                     draft_device: jax.Device) -> PearlState:
   """The same steps with the draft model on draft_device (dparams already there) and the target
   where its params are: each step dispatches the drafting, then the window's forward, and JAX
@@ -167,8 +167,8 @@ def two_device_loop(params, dparams, config: LlamaConfig, spec: SpecConfig,
   target_device = next(iter(state.lengths.devices()))
   s, dcache = jax.device_put(state.replace(drafter=None), target_device), state.drafter
   while True:
-    done, post = jax.device_get((jnp.all(s.done), jnp.any(s.n_ready > 0)))
-    if done:
+    going, post = jax.device_get((engine.running(s.done, watch), jnp.any(s.n_ready > 0)))
+    if not going:
       break
     inputs = jax.device_put(_draft_inputs(s), draft_device)
     tokens, q, dcache = _draft(dparams, drafter, spec, dcache, *inputs)
@@ -252,11 +252,12 @@ def pearl_generate(params, config: LlamaConfig, prompts, drafter: DraftModel,
   drafter.check(config, drafter_params, spec.k)
   dparams = drafter.prepare(drafter_params, params, config)
   if draft_device is None:
-    loop = lambda params, state: pearl_loop(params, dparams, config, spec, drafter, state)
+    loop = lambda params, state, watch: pearl_loop(params, dparams, config, spec, drafter, state,
+                                                   watch)
   else:
     dparams = jax.device_put(dparams, draft_device)
-    loop = lambda params, state: two_device_loop(params, dparams, config, spec, drafter, state,
-                                                 draft_device)
+    loop = lambda params, state, watch: two_device_loop(params, dparams, config, spec, drafter,
+                                                        state, watch, draft_device)
   def start(params, tokens, lengths, logits, hidden, cache, key, max_len, budget):
     s = _start(config, spec, tokens, lengths, logits, cache, key, max_len, budget)
     history, lengths = jax.device_put((s.history, s.lengths), draft_device)

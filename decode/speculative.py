@@ -21,7 +21,7 @@ import numpy as np
 
 from speculax.core.sampling import sample
 from speculax.core.types import Draft, TargetView
-from speculax.decode import engine, goodput
+from speculax.decode import continuous, engine, goodput
 from speculax.decode.config import SpecConfig
 from speculax.decode.metrics import DecodeOutput
 from speculax.drafters.base import Drafter
@@ -129,12 +129,12 @@ def row_bins(spec: SpecConfig, drafter: Drafter, dparams, dstate, view: TargetVi
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "drafter"), donate_argnames=("state",))
 def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Drafter,
-              state: SpecState) -> SpecState:
-  """Steps of spec.k drafts until every row is done; with spec.goodput each step drafts the k'
-  in 0..k it picks, each k' its own program (a shorter draft pays only its own drafting and
-  forward)."""
+              state: SpecState, watch: jax.Array) -> SpecState:
+  """Steps of spec.k drafts until every row is done or a watched one [b] bool is; with
+  spec.goodput each step drafts the k' in 0..k it picks, each k' its own program (a shorter
+  draft pays only its own drafting and forward)."""
   step = functools.partial(_step, params, dparams, config, spec, drafter)
-  running = lambda s: ~jnp.all(s.done)
+  running = lambda s: engine.running(s.done, watch)
   if spec.goodput is None:
     return jax.lax.while_loop(running, functools.partial(step, spec.k), state)
   choice = lambda s: s.goodput.choice  # made by the step before (goodput.observe)
@@ -222,7 +222,8 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
                          spec: SpecConfig = SpecConfig(), drafter_params=None,
                          key: jax.Array | None = None, mesh: MeshConfig | None = None,
                          warmup: bool = False, step_costs=None,
-                         new_tokens: int | None = None, estimate=None) -> DecodeOutput:
+                         new_tokens: int | None = None, estimate=None,
+                         rows: int | None = None) -> DecodeOutput:
   """Speculative decoding of a batch of prompts (lists of token ids) with `drafter`.
 
   drafter_params: arrays the drafter reads (a draft model's weights), or None.
@@ -234,6 +235,9 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   estimate: with spec.goodput, the acceptance counts to start from (a previous call's
   out.goodput_estimate, same drafter and k): a stream of calls keeps learning what the drafter
   earns instead of starting each call from the optimistic prior. None: start from the prior.
+  rows: continuous batching, `rows` prompts at a time, each finished row refilled with the next
+  (decode/continuous.py): the drafter's and goodput's shared state carries from prompt to
+  prompt. None: every prompt in one batch.
   """
   verifier = type(drafter.verifier())
   if spec.goodput is not None and verifier is not ChainVerifier:
@@ -261,10 +265,15 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
       extra_slots=block_shape(drafter, spec)[0] + 1, hidden_layers=drafter.hidden_layers,
       start=lambda params, *args: _start(params, drafter_params, config, spec, drafter, *args,
                                          step_costs=costs, estimate=estimate),
-      loop=lambda params, state: spec_loop(params, drafter_params, config, spec, drafter, state),
+      loop=lambda params, state, watch: spec_loop(params, drafter_params, config, spec, drafter,
+                                                  state, watch),
       new_tokens=lambda s: (s.history, s.lengths - s.n_out, s.n_out), warm_states=warm_states)
-  state, out = engine.run(params, config, prompts, spec, program, key, mesh, warmup,
-                          new_tokens)
+  if rows is None:
+    state, out = engine.run(params, config, prompts, spec, program, key, mesh, warmup,
+                            new_tokens)
+  else:
+    state, out = continuous.run(params, config, prompts, spec, program, rows, key, warmup,
+                                mesh=mesh, new_tokens=new_tokens)
   return dataclasses.replace(
       out, row_steps=int(state.row_steps), step_tokens=int(state.step_tokens),
       accepted_at=np.asarray(state.accepted_at), drafted=int(state.drafted),

@@ -60,15 +60,17 @@ def load(name_or_path: str, *, dtype: str = "float32", compute_dtype: str = "flo
 def generate(model: LoadedModel, prompts: Prompts, *, max_new_tokens: int = 128,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, chat: bool = True,
              stop_at_eos: bool = True, seed: int = 0, mesh: MeshConfig | None = None,
-             warmup: bool = True) -> DecodeOutput:
+             warmup: bool = True, rows: int | None = None) -> DecodeOutput:
   """Autoregressive decoding of texts (wrapped in the chat template unless chat=False) or
   token-id lists; `out.texts` holds the decoded new tokens. Temperature 0 is greedy.
   warmup: compile first and report it apart (`out.compile_s`), so the timings measure decoding
-  alone; with False one call compiles and decodes, and `summary()` says the timings include it."""
+  alone; with False one call compiles and decodes, and `summary()` says the timings include it.
+  rows: continuous batching, the prompts decoded `rows` at a time, each finished row refilled
+  with the next prompt; None: all prompts as one batch."""
   ids = _token_ids(model, prompts, chat)
   gen = GenerateConfig(**_settings(model, max_new_tokens, temperature, top_k, top_p,
                                    stop_at_eos))
-  out = _generate(model.params, model.config, ids, gen, jax.random.key(seed), mesh, warmup)
+  out = _generate(model.params, model.config, ids, gen, jax.random.key(seed), mesh, warmup, rows)
   return _with_texts(model, out)
 
 
@@ -78,7 +80,8 @@ def speculate(model: LoadedModel, prompts: Prompts,
               top_p: float = 1.0, chat: bool = True, stop_at_eos: bool = True, seed: int = 0,
               mesh: MeshConfig | None = None, warmup: bool = True,
               goodput: bool | Sequence[float] = False,
-              lossy: Typical | Judge | None = None, pearl: str | None = None) -> DecodeOutput:
+              lossy: Typical | Judge | None = None, pearl: str | None = None,
+              rows: int | None = None) -> DecodeOutput:
   """Speculative decoding: the same output law as `generate`, with tau and acceptance by
   position. `drafter`: a LoadedDrafter (drafters.make / drafters.load / train_drafter), a
   drafter without params, or a registry name built with its defaults ("prompt-lookup").
@@ -90,7 +93,8 @@ def speculate(model: LoadedModel, prompts: Prompts,
   lossless rule may reject: Medusa's typical acceptance (speculax.verifiers.typical.Typical, at
   t > 0) or a judge head (speculax.verifiers.judge.Judge.load(path), greedy too): faster, not
   the target's law. pearl: "one-device" or "two-device" (PEARL: the draft model drafts while the
-  target verifies, on the second device with "two-device"; a draft-model chain only)."""
+  target verifies, on the second device with "two-device"; a draft-model chain only).
+  rows: as for `generate` (continuous batching; not with pearl)."""
   if isinstance(drafter, str):
     drafter = registry.make(drafter, model)
   elif isinstance(drafter, Drafter):
@@ -104,18 +108,18 @@ def speculate(model: LoadedModel, prompts: Prompts,
                     lossy=lossy,
                     **_settings(model, max_new_tokens, temperature, top_k, top_p, stop_at_eos))
   if pearl is not None:
-    if mesh is not None:
-      raise ValueError(f"pearl places the draft model and the target on devices of their own; "
-                       f"drop mesh={mesh}")
+    if mesh is not None or rows is not None:
+      raise ValueError(f"pearl places the draft model and the target on devices of their own "
+                       f"and decodes one fixed batch; drop mesh={mesh}, rows={rows}")
     out = pearl_generate(model.params, model.config, ids, drafter.drafter, spec, drafter.params,
                          jax.random.key(seed), draft_device(pearl), warmup)
     return _with_texts(model, out)
   if goodput is True:
-    costs = calibrate(model.params, model.config, ids, drafter.drafter, spec, drafter.params,
-                      key=jax.random.key(seed), mesh=mesh)
+    costs = calibrate(model.params, model.config, ids[:rows], drafter.drafter, spec,
+                      drafter.params, key=jax.random.key(seed), mesh=mesh)
   out = speculative_generate(model.params, model.config, ids, drafter.drafter, spec,
                              drafter.params, jax.random.key(seed), mesh, warmup,
-                             step_costs=costs)
+                             step_costs=costs, rows=rows)
   return _with_texts(model, out)
 
 

@@ -84,6 +84,24 @@ def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_pa
   assert (tmp_path / "t.png").stat().st_size > 5000
 
 
+def test_continuous_panels_refill_rows_losslessly(tiny, prompts_file, tmp_path):
+  """continuous=True: batch 2 decodes all 3 prompts, 2 rows at a time, every method identical
+  to the prompts decoded alone."""
+  cfg = dataclasses.replace(CFG, methods=CFG.methods[:3], suites=(str(prompts_file),), prompts=3,
+                            batch_sizes=(2,), continuous=True, step_split=False)
+  references = {}
+  result = run(cfg, "c", model=LoadedModel(*tiny, Bytes()), out=tmp_path, echo=None,
+               references=references)
+  ids = suites.encode(Bytes(), suites.suite(str(prompts_file), 3))
+  alone = [generate(tiny[1], tiny[0], [p], GenerateConfig(max_new_tokens=cfg.new_tokens)).tokens[0]
+           for p in ids]
+  rows = result["rows"]
+  assert len(rows) == 5 and all(r["sequences"] == r["same_as_ar"] == 3 for r in rows)
+  assert all(0 < r["rows_active"] <= 1 for r in rows[1:4])
+  assert result["continuous"] and "continuous batching" in (tmp_path / "c.md").read_text()
+  assert references[(str(prompts_file), 2, "greedy")] == alone
+
+
 def test_a_run_stopped_midway_keeps_its_rows(tiny, prompts_file, tmp_path, monkeypatch):
   """Rows are written as they come: a run stopped by a time limit keeps what it measured (the
   H100 session of 2026-11-27 lost a goodput bench stopped inside its first panel)."""
@@ -174,6 +192,10 @@ def test_shipped_sets_load_and_overrides_apply():
     (lambda: dataclasses.replace(CFG, precision="fp8"), "precision must be one of .* got 'fp8'"),
     (lambda: suites.suite("no-such-suite", 2), "unknown prompt suite 'no-such-suite'"),
     (lambda: dataclasses.replace(CFG, suites=("chat", "nope")), "unknown prompt suite 'nope'"),
+    (lambda: dataclasses.replace(CFG, prompts=3, continuous=True),
+     r"PEARL decodes fixed batches: drop \['pearl'\]"),
+    (lambda: dataclasses.replace(CFG, methods=CFG.methods[:1], prompts=2, continuous=True),
+     "continuous at batch 2 needs more prompts than rows to refill them; prompts=2"),
 ])
 def test_bad_configs_are_refused(build, message):
   with pytest.raises(ValueError, match=message):

@@ -106,7 +106,10 @@ MALFORMED = [
      "--pearl drafts with a draft model; give --drafter draft-model, not none"),
     (["generate", "--drafter", "draft-model", "--pearl", "three"], "argument --pearl: invalid"),
     (["generate", "--drafter", "draft-model", "--pearl", "one-device", "--goodput"],
-     "--pearl runs its own adaptive length on its own devices: drop --goodput"),
+     "--pearl runs its own adaptive length on its own devices, one fixed batch: drop --goodput"),
+    (["generate", "--drafter", "draft-model", "--pearl", "one-device", "--rows", "2"],
+     "one fixed batch: drop --rows"),
+    (["generate", "--rows", "0"], "argument --rows"),
     (["generate", "--drafter", "prompt-lookup", "--lossy-typical", "0.09"],
      "--lossy-typical must be two numbers THRESHOLD,ALPHA, got '0.09'"),
     (["generate", "--drafter", "prompt-lookup", "--lossy-typical", "0.09,1.5"],
@@ -200,19 +203,22 @@ def test_train_overrides_either_trainers_budget(config):
 
 @pytest.mark.slow
 def test_generate_json_from_a_prompts_file_is_lossless(capsys, tmp_path):
-  """--prompts FILE, prompt lookup's n-gram flags and --json: the JSON's tokens are AR's."""
+  """--prompts FILE, prompt lookup's n-gram flags, --rows and --json: the JSON's tokens are
+  AR's."""
   prompts = tmp_path / "p.jsonl"
   prompts.write_text('{"prompt": "Count from 1 to 5."}\n{"prompt": "def f(x):", "chat": false}\n')
   outs = []
-  for flags in (["--drafter", "none"], ["--drafter", "prompt-lookup", "--max-ngram", "2"]):
+  for flags in (["--drafter", "none"], ["--drafter", "prompt-lookup", "--max-ngram", "2"],
+                ["--drafter", "prompt-lookup", "--rows", "1"]):
     assert main(["generate", "--prompts", str(prompts), "--max-new-tokens", "8", "--json",
                  *flags]) == 0
     captured = capsys.readouterr()
     outs.append(json.loads(captured.out))
     assert "max_ngram=" in captured.err  # the settings line, defaults included
-  ar, lookup = outs
+  ar, lookup, one_row = outs
   assert ar["prompts"] == ["Count from 1 to 5.", "def f(x):"] and len(ar["texts"]) == 2
   assert lookup["tokens"] == ar["tokens"] and lookup["tau"] >= 1.0 == ar["tau"]
+  assert one_row["tokens"] == ar["tokens"] and one_row["rows_active"] == 1.0  # refilled
   assert len(lookup["acceptance"]) == 5 and lookup["new_tokens"] == 16
 
 
