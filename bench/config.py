@@ -93,10 +93,10 @@ class BenchConfig(Checked):
   attention: AttentionImpl = "xla"
   suites: tuple[str, ...] = ("humaneval",)  # bench/suites.py names, or prompt files
   prompts: int = field(3, ge=1)  # per suite, decoded one at a time at batch 1
-  batch_sizes: tuple[int, ...] = field((1,), ge=1)  # batch b > 1 decodes b prompts at once
+  # batch b > 1 decodes b prompts at once: prompts // b batches of them (at least one)
+  batch_sizes: tuple[int, ...] = field((1,), ge=1)
   # At batch b > 1: decode the suite's `prompts` b rows at a time, a finished row refilled with
-  # the next prompt (continuous batching, every method AR included); False: the first b prompts
-  # as one fixed batch.
+  # the next prompt (continuous batching, every method AR included); False: fixed batches.
   continuous: bool = False
   temperatures: tuple[float, ...] = field((0.0,), ge=0)  # 0: greedy (greedy equality counted)
   new_tokens: int = field(48, ge=1)  # exactly this many per prompt (EOS off: speeds compare)

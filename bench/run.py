@@ -68,7 +68,9 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
                   disable=None, file=sys.stderr)
   for suite, batch, temperature in panels:
     ids = prompt_sets[suite]
-    chunk = ids[:cfg.prompts] if batch == 1 or cfg.continuous else ids[:batch]
+    # batch b > 1 fixed: whole batches of b, at least one (prompts=3 at b=8: the first 8)
+    chunk = (ids[:cfg.prompts] if batch == 1 or cfg.continuous
+             else ids[:max(cfg.prompts // batch, 1) * batch])
     panel, reference, costs, step_s = [], None, {}, {}  # costs, step seconds: per method
     for rnd, (i, m) in itertools.product(range(cfg.repeats), enumerate(order)):
       drafter, dparams = built.get(m.name, (None, None))
