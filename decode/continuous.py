@@ -4,7 +4,7 @@ refilled with the next prompt while the others go on.
 A fixed batch runs until its last row is done, so a row that finished early rides along in every
 later step (7-25% of a speculative batch-8 run's row-steps here, README "Batch 8: finished rows
 ride along"). Here the jitted loop also stops as soon as a row it was told to watch is done
-(`Program.loop`'s refill mask); the host reads that row's tokens, prefills the next prompt as a
+(`Program.loop`'s watch mask); the host reads that row's tokens, prefills the next prompt as a
 one-row batch and writes the one-row loop state into the finished row (`put_row`), and the loop
 goes on. Which axis of each state leaf is the batch is found, not declared: the leaves whose
 shape changes between a one-row and a two-row start (`batch_axes`). Leaves without one (the
