@@ -132,9 +132,9 @@ def test_tpu_kernel_streams_kv_blocks():
 
 
 def spec_loop_args(cfg, drafter, spec, b=2, prompt=8):
-  """Abstract (params, dparams, config, spec, drafter, state) for `spec_loop`: state is what
-  `_start` builds after a prefill, from shapes only (eval_shape), on unstacked layers as the
-  engine runs them."""
+  """Abstract (params, dparams, config, spec, drafter, state, watch) for `spec_loop`: state is
+  what `_start` builds after a prefill, from shapes only (eval_shape), on unstacked layers as
+  the engine runs them; watch [b] the rows whose end stops the loop."""
   max_len = prompt + spec.max_new_tokens + block_shape(drafter, spec)[0] + 1
   params = jax.eval_shape(lambda key: llama.unstack_layers(llama.init_params(cfg, key)),
                           KEY)
@@ -144,7 +144,7 @@ def spec_loop_args(cfg, drafter, spec, b=2, prompt=8):
       spec.max_new_tokens, step_costs=None, estimate=None)
   state = jax.eval_shape(start, params, S((b, prompt), jnp.int32), S((b,), jnp.int32),
                          S((b, cfg.vocab_size), jnp.float32), cache, KEY)
-  return params, None, cfg, spec, drafter, state
+  return params, None, cfg, spec, drafter, state, S((b,), jnp.bool_)
 
 
 @pytest.mark.parametrize("drafter", [PromptLookup(), TokenRecycling()], ids=["chain", "tree"])
