@@ -84,12 +84,8 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: engi
   params = engine.decoding_params(params)
 
   def start(tokens, lengths, key=key, budget=gen.max_new_tokens):  # [r, T] -> a state of r rows
-    # Fresh arrays each call: the loop donates the state, budget and all.
-    budget = jnp.asarray(budget, jnp.int32)
     cache = KVCache.init(config, tokens.shape[0], max_len, per_layer=True)
-    logits, hidden, cache = engine.prefill(params, config, tokens, lengths, cache,
-                                           program.hidden_layers)
-    return program.start(params, tokens, lengths, logits, hidden, cache, key, max_len, budget)
+    return engine.start(params, config, program, tokens, lengths, cache, key, max_len, budget)
 
   def prompt(j):  # prompt j alone, at its own width -> (tokens [1, w], lengths [1])
     return jnp.asarray(tokens[j:j + 1, :widths[j]]), jnp.asarray(lengths[j:j + 1])

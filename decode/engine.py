@@ -74,6 +74,15 @@ def prefill(params, config: LlamaConfig, tokens, lengths, cache: KVCache,
   return logits[:, 0], (hidden if hidden_layers else None), cache.with_lengths(lengths)
 
 
+def start(params, config: LlamaConfig, program: Program, tokens, lengths, cache: KVCache, key,
+          max_len: int, budget: int):
+  """The prefill of tokens [b, T] into cache, then program.start: the loop state of b rows
+  (budget as a fresh array: the loop donates the state, budget and all)."""
+  logits, hidden, cache = prefill(params, config, tokens, lengths, cache, program.hidden_layers)
+  return program.start(params, tokens, lengths, logits, hidden, cache, key, max_len,
+                       jnp.asarray(budget, jnp.int32))
+
+
 def place(params, config: LlamaConfig, cache: KVCache, tokens, lengths, mesh: MeshConfig | None):
   """Puts params, cache and the batch on the mesh (if any) and unstacks the layers. In a
   multi-process run every process passes the same params and prompts and keeps its own shards.
@@ -128,10 +137,8 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
   params, cache, tokens, lengths = place(
       params, config, KVCache.init(config, b, max_len, per_layer=True), tokens, lengths, mesh)
 
-  def begin(cache, budget: int):
-    logits, hidden, cache = prefill(params, config, tokens, lengths, cache, program.hidden_layers)
-    return program.start(params, tokens, lengths, logits, hidden, cache, key, max_len,
-                         jnp.asarray(budget, jnp.int32))
+  begin = lambda cache, budget: start(params, config, program, tokens, lengths, cache, key,
+                                     max_len, budget)
 
   # The attention kernel reads the mesh in context to run per shard (shard_map); XLA's own
   # attention is partitioned from the arrays' shardings alone.
