@@ -68,6 +68,9 @@ def add_parser(sub) -> None:
   p.add_argument("--answer-bins", default="",
                  help="goodput: tokens into an answer where its acceptance estimate moves to the "
                       "next stretch, e.g. 16,32 (Goodput.answer_bins; default: one estimate)")
+  p.add_argument("--continuous", action="store_true",
+                 help="continuous batching: each finished request's row is refilled with the "
+                      "next, and a line reports each --batch-size finished requests")
   p.add_argument("--online", action="store_true", help="adapt the draft model while serving")
   p.add_argument("--update-every", type=count(1), default=8, help="online: requests between rounds")
   p.add_argument("--min-positions", type=count(1), default=32,
@@ -101,7 +104,7 @@ def curve(values, width: int = 40) -> str:
 
 def stream_rows(model, items, drafter, dparams, spec: SpecConfig, batch_size: int,
                 learner: OnlineLearner | None = None, label: str = "", echo=print,
-                carry_estimate: bool = False) -> list[dict]:
+                carry_estimate: bool = False, continuous: bool = False) -> list[dict]:
   """Serves items (from bench.suites.read_prompts) and returns one row per batch; echo prints a line per batch
   with the running acceptance curve (None: silent)."""
   tok = model.tokenizer
@@ -109,7 +112,8 @@ def stream_rows(model, items, drafter, dparams, spec: SpecConfig, batch_size: in
               for x in items]
   rows, t0 = [], time.perf_counter()
   for n, report in enumerate(serve(model.params, model.config, requests, drafter, spec, dparams,
-                                   batch_size, learner, carry_estimate=carry_estimate)):
+                                   batch_size, learner, carry_estimate=carry_estimate,
+                                   continuous=continuous)):
     first = min(s.index for s in report.served)
     rows.append(_row(n, report, items[first]["phase"]))
     if echo is not None:
@@ -154,6 +158,9 @@ def run(args) -> int:
                           buffer_size=args.buffer_size, buffer_policy=args.buffer_policy,
                           seq_len=args.seq_len, all_positions=args.all_positions,
                           heldout_every=args.heldout_every, seed=args.seed)
+  if args.continuous and args.carry_estimate:
+    raise ValueError("--carry-estimate is for fixed batches: with --continuous one loop state "
+                     "serves the stream, and its goodput estimate carries already")
   bins = ints(args.answer_bins, "--answer-bins")
   if bins and not args.goodput:
     raise ValueError(f"--answer-bins {args.answer_bins} splits goodput's estimate; add --goodput")
@@ -176,7 +183,7 @@ def run(args) -> int:
   # With --json the batch lines go to stderr and stdout holds the one JSON object.
   rows = stream_rows(model, items, drafter, dparams, spec, args.batch_size, learner,
                      echo=lambda s: print(s, flush=True, file=sys.stderr if args.json else None),
-                     carry_estimate=args.carry_estimate)
+                     carry_estimate=args.carry_estimate, continuous=args.continuous)
   acc = [r["acceptance"] for r in rows if np.isfinite(r["acceptance"])] or [np.nan]
   totals = dict(prompts=len(items), batches=len(rows), mean_acceptance=float(np.mean(acc)),
                 first_acceptance=acc[0], last_acceptance=acc[-1],

@@ -14,8 +14,10 @@ the loop learns carries from request to request.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import time
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -56,78 +58,120 @@ def put_row(state, row_state, i, axes: tuple[int | None, ...]):
       for x, y, a in zip(leaves, new, axes)])
 
 
+@dataclasses.dataclass
+class Finished:
+  """A row done: prompt `index`'s new tokens. `state` is the loop state as the row finished
+  (row `row` holds it), valid until the stream goes on; `seconds` the stream's own time so far
+  (loop steps, refills, reads; not the time its consumer spent between rows)."""
+  index: int
+  tokens: list[int]
+  state: Any
+  row: int
+  seconds: float
+
+
+class Stream:
+  """`prompts` (token-id lists) decoded `rows` at a time with `program`, a finished row refilled
+  with the next prompt; iterating yields a `Finished` per prompt, in finishing order.
+
+  program: may be replaced between rows (same shapes: an online learner's new drafter params),
+  later loop steps and refills run the new one.
+  warmup: compile and run once, timed as compile_s, every piece the timed run uses: the first
+  batch's start, a one-row start per prompt width, the row write and the loop (each branch).
+  After the iteration: `state` the final loop state, `seconds` and `decode_s` (its loop steps)
+  the stream's own time.
+  """
+
+  def __init__(self, params, config: LlamaConfig, prompts, gen: GenerateConfig,
+               program: engine.Program, rows: int, key: jax.Array | None, warmup: bool):
+    fields.check("rows", rows, int, ge=1)
+    gen.check_vocab(config.vocab_size)
+    self.tokens, self.lengths = pack_prompts(prompts, config.vocab_size, gen.prompt_bucket)
+    check_room(int(self.lengths.max()), gen.max_new_tokens, config.max_seq_len,
+               extra=program.extra_slots)
+    self.params, self.config, self.gen, self.program = (engine.decoding_params(params), config,
+                                                        gen, program)
+    self.n, self.batch = len(self.lengths), min(rows, len(self.lengths))
+    self.max_len = self.tokens.shape[1] + gen.max_new_tokens + program.extra_slots
+    key = jax.random.key(0) if key is None else key
+    # The first batch's key, and prompt j's fold_in(refills, j).
+    self.key, self.refills = jax.random.split(key)
+    self.widths = [round_up(int(m), gen.prompt_bucket) for m in self.lengths]
+    self.axes = batch_axes(self._start, *self._prompt(0))
+    self.seconds = self.decode_s = 0.0
+    self.compile_s = self.state = None
+    if warmup:
+      t = time.perf_counter()
+      for state in program.warm_states(self._first_batch(min(2, gen.max_new_tokens))):
+        jax.block_until_ready(program.loop(self.params, state, jnp.ones((self.batch,), bool)))
+      state = self._first_batch(gen.max_new_tokens)
+      for w in sorted({self.widths[j] for j in range(self.batch, self.n)}):
+        state = put_row(state, self._start(*self._prompt(self.widths.index(w, self.batch))), 0,
+                        self.axes)
+      jax.block_until_ready(state)
+      self.compile_s = time.perf_counter() - t
+
+  def _start(self, tokens, lengths, key=None, budget=None):  # [r, T] -> a state of r rows
+    cache = KVCache.init(self.config, tokens.shape[0], self.max_len, per_layer=True)
+    return engine.start(self.params, self.config, self.program, tokens, lengths, cache,
+                        self.key if key is None else key, self.max_len,
+                        self.gen.max_new_tokens if budget is None else budget)
+
+  def _prompt(self, j):  # prompt j alone, at its own width -> (tokens [1, w], lengths [1])
+    return (jnp.asarray(self.tokens[j:j + 1, :self.widths[j]]),
+            jnp.asarray(self.lengths[j:j + 1]))
+
+  def _first_batch(self, budget):
+    b = self.batch
+    width = max(self.widths[:b])
+    return self._start(jnp.asarray(self.tokens[:b, :width]), jnp.asarray(self.lengths[:b]),
+                       budget=budget)
+
+  def __iter__(self) -> Iterator[Finished]:
+    t = time.perf_counter()
+    watch_all, watch_none = jnp.ones((self.batch,), bool), jnp.zeros((self.batch,), bool)
+    state = self._first_batch(self.gen.max_new_tokens)
+    holder = list(range(self.batch))  # the prompt each row decodes (None: done, none to refill)
+    queue = collections.deque(range(self.batch, self.n))
+    while any(h is not None for h in holder):
+      step = time.perf_counter()
+      state = jax.block_until_ready(
+          self.program.loop(self.params, state, watch_all if queue else watch_none))
+      self.decode_s += time.perf_counter() - step
+      done = np.asarray(state.done)
+      buffer, start_at, count = (np.asarray(x) for x in self.program.new_tokens(state))
+      for r in np.flatnonzero(done):
+        if holder[r] is None:
+          continue
+        self.state, self.seconds = state, self.seconds + time.perf_counter() - t
+        yield Finished(holder[r], buffer[r, start_at[r]:start_at[r] + count[r]].tolist(), state,
+                       int(r), self.seconds)
+        t = time.perf_counter()
+        holder[r] = queue.popleft() if queue else None
+        if holder[r] is not None:
+          row = self._start(*self._prompt(holder[r]),
+                            key=jax.random.fold_in(self.refills, holder[r]))
+          state = put_row(state, row, int(r), self.axes)
+    self.state, self.seconds = state, self.seconds + time.perf_counter() - t
+
+
 def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: engine.Program,
         rows: int, key: jax.Array | None, warmup: bool, mesh=None,
         new_tokens: int | None = None) -> tuple[object, DecodeOutput]:
-  """Decodes `prompts` (token-id lists) `rows` at a time with `program`, a finished row refilled
-  with the next prompt; returns the final loop state and the DecodeOutput (tokens in prompt
-  order; forwards counts the first prefill and every loop step, the refills' one-row prefills
-  are timed in prefill_s, as is the host's reading of finished rows).
+  """Decodes `prompts` (token-id lists) `rows` at a time with `program` (a `Stream`); returns
+  the final loop state and the DecodeOutput (tokens in prompt order; forwards counts the first
+  prefill and every loop step, the refills' one-row prefills are timed in prefill_s, as is the
+  host's reading of finished rows).
 
-  warmup: compile and run once, timed as compile_s, every piece the timed run uses: the first
-  batch's start, a one-row start per prompt width, the row write and the loop (each branch).
   mesh, new_tokens: not with continuous batching (a ValueError when given).
   """
-  fields.check("rows", rows, int, ge=1)
   if mesh is not None or new_tokens is not None:
     raise ValueError(f"continuous batching (rows={rows}) runs on one device with the config's "
                      f"max_new_tokens; got mesh={mesh}, new_tokens={new_tokens}")
-  gen.check_vocab(config.vocab_size)
-  tokens, lengths = pack_prompts(prompts, config.vocab_size, gen.prompt_bucket)
-  check_room(int(lengths.max()), gen.max_new_tokens, config.max_seq_len, extra=program.extra_slots)
-  n, b = len(lengths), min(rows, len(lengths))
-  max_len = tokens.shape[1] + gen.max_new_tokens + program.extra_slots
-  key = jax.random.key(0) if key is None else key
-  key, refills = jax.random.split(key)  # the first batch's, and prompt j's fold_in(refills, j)
-  widths = [round_up(int(m), gen.prompt_bucket) for m in lengths]
-  first_width = max(widths[:b])
-  params = engine.decoding_params(params)
-
-  def start(tokens, lengths, key=key, budget=gen.max_new_tokens):  # [r, T] -> a state of r rows
-    cache = KVCache.init(config, tokens.shape[0], max_len, per_layer=True)
-    return engine.start(params, config, program, tokens, lengths, cache, key, max_len, budget)
-
-  def prompt(j):  # prompt j alone, at its own width -> (tokens [1, w], lengths [1])
-    return jnp.asarray(tokens[j:j + 1, :widths[j]]), jnp.asarray(lengths[j:j + 1])
-
-  def first_batch(budget):
-    return start(jnp.asarray(tokens[:b, :first_width]), jnp.asarray(lengths[:b]), budget=budget)
-
-  axes = batch_axes(start, jnp.asarray(tokens[:1, :widths[0]]), jnp.asarray(lengths[:1]))
-  watch_none, watch_all = jnp.zeros((b,), bool), jnp.ones((b,), bool)
-  compile_s = None
-  if warmup:
-    t = time.perf_counter()
-    for state in program.warm_states(first_batch(min(2, gen.max_new_tokens))):
-      jax.block_until_ready(program.loop(params, state, watch_all))
-    state = first_batch(gen.max_new_tokens)
-    for w in sorted({widths[j] for j in range(b, n)}):
-      j = widths.index(w, b)
-      state = put_row(state, start(*prompt(j)), 0, axes)
-    jax.block_until_ready(state)
-    compile_s = time.perf_counter() - t
-
-  t0 = time.perf_counter()
-  decode_s = 0.0
-  state = first_batch(gen.max_new_tokens)
-  holder = list(range(b))  # the prompt each row decodes (None: done, nothing left to refill)
-  queue = collections.deque(range(b, n))
-  out: list[list[int] | None] = [None] * n
-  while any(h is not None for h in holder):
-    t = time.perf_counter()
-    state = jax.block_until_ready(program.loop(params, state, watch_all if queue else watch_none))
-    decode_s += time.perf_counter() - t
-    done = np.asarray(state.done)
-    buffer, start_at, count = (np.asarray(x) for x in program.new_tokens(state))
-    for r in np.flatnonzero(done):
-      if holder[r] is None:
-        continue
-      out[holder[r]] = buffer[r, start_at[r]:start_at[r] + count[r]].tolist()
-      holder[r] = None
-      if queue:
-        holder[r] = queue.popleft()
-        row = start(*prompt(holder[r]), key=jax.random.fold_in(refills, holder[r]))
-        state = put_row(state, row, int(r), axes)
-  wall = time.perf_counter() - t0
-  return state, DecodeOutput(tokens=out, prefill_s=wall - decode_s, decode_s=decode_s,
-                             forwards=int(state.forwards), compile_s=compile_s, batch=b)
+  stream = Stream(params, config, prompts, gen, program, rows, key, warmup)
+  out: list[list[int] | None] = [None] * stream.n
+  for f in stream:
+    out[f.index] = f.tokens
+  return stream.state, DecodeOutput(
+      tokens=out, prefill_s=stream.seconds - stream.decode_s, decode_s=stream.decode_s,
+      forwards=int(stream.state.forwards), compile_s=stream.compile_s, batch=stream.batch)

@@ -218,27 +218,10 @@ def check_lossy(spec: SpecConfig, drafter: Drafter, config: LlamaConfig) -> None
                      f"drafter's verify forward returns layers {drafter.hidden_layers}")
 
 
-def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
-                         spec: SpecConfig = SpecConfig(), drafter_params=None,
-                         key: jax.Array | None = None, mesh: MeshConfig | None = None,
-                         warmup: bool = False, step_costs=None,
-                         new_tokens: int | None = None, estimate=None,
-                         rows: int | None = None) -> DecodeOutput:
-  """Speculative decoding of a batch of prompts (lists of token ids) with `drafter`.
-
-  drafter_params: arrays the drafter reads (a draft model's weights), or None.
-  warmup: compile everything first and run one loop step, timed apart as compile_s.
-  step_costs: with spec.goodput (and only then), [k + 1] seconds of one loop step drafting
-  0..k (decode/calibrate.py; +inf: never that length).
-  new_tokens: this run's most new tokens per prompt (None: spec.max_new_tokens, which sizes
-  the compiled loop; fewer reuse it).
-  estimate: with spec.goodput, the acceptance counts to start from (a previous call's
-  out.goodput_estimate, same drafter and k): a stream of calls keeps learning what the drafter
-  earns instead of starting each call from the optimistic prior. None: start from the prior.
-  rows: continuous batching, `rows` prompts at a time, each finished row refilled with the next
-  (decode/continuous.py): the drafter's and goodput's shared state carries from prompt to
-  prompt. None: every prompt in one batch.
-  """
+def spec_program(params, config: LlamaConfig, drafter: Drafter, spec: SpecConfig,
+                 drafter_params=None, step_costs=None, estimate=None) -> engine.Program:
+  """The speculative decode loop of `drafter` as an engine.Program, its settings checked
+  (speculative_generate's arguments of the same names); the drafter's params prepared once."""
   verifier = type(drafter.verifier())
   if spec.goodput is not None and verifier is not ChainVerifier:
     raise ValueError(f"goodput-driven draft length picks a chain's length; the {drafter.name} "
@@ -261,13 +244,37 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
   drafter.check(config, drafter_params, spec.k)
   drafter_params = drafter.prepare(drafter_params, params, config)
   # Room past the new tokens: one verify block (k or tree nodes, + 1) after the last.
-  program = engine.Program(
+  return engine.Program(
       extra_slots=block_shape(drafter, spec)[0] + 1, hidden_layers=drafter.hidden_layers,
       start=lambda params, *args: _start(params, drafter_params, config, spec, drafter, *args,
                                          step_costs=costs, estimate=estimate),
       loop=lambda params, state, watch: spec_loop(params, drafter_params, config, spec, drafter,
                                                   state, watch),
       new_tokens=lambda s: (s.history, s.lengths - s.n_out, s.n_out), warm_states=warm_states)
+
+
+def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
+                         spec: SpecConfig = SpecConfig(), drafter_params=None,
+                         key: jax.Array | None = None, mesh: MeshConfig | None = None,
+                         warmup: bool = False, step_costs=None,
+                         new_tokens: int | None = None, estimate=None,
+                         rows: int | None = None) -> DecodeOutput:
+  """Speculative decoding of a batch of prompts (lists of token ids) with `drafter`.
+
+  drafter_params: arrays the drafter reads (a draft model's weights), or None.
+  warmup: compile everything first and run one loop step, timed apart as compile_s.
+  step_costs: with spec.goodput (and only then), [k + 1] seconds of one loop step drafting
+  0..k (decode/calibrate.py; +inf: never that length).
+  new_tokens: this run's most new tokens per prompt (None: spec.max_new_tokens, which sizes
+  the compiled loop; fewer reuse it).
+  estimate: with spec.goodput, the acceptance counts to start from (a previous call's
+  out.goodput_estimate, same drafter and k): a stream of calls keeps learning what the drafter
+  earns instead of starting each call from the optimistic prior. None: start from the prior.
+  rows: continuous batching, `rows` prompts at a time, each finished row refilled with the next
+  (decode/continuous.py): the drafter's and goodput's shared state carries from prompt to
+  prompt. None: every prompt in one batch.
+  """
+  program = spec_program(params, config, drafter, spec, drafter_params, step_costs, estimate)
   if rows is None:
     state, out = engine.run(params, config, prompts, spec, program, key, mesh, warmup,
                             new_tokens)
@@ -278,7 +285,8 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
       out, row_steps=int(state.row_steps), step_tokens=int(state.step_tokens),
       accepted_at=np.asarray(state.accepted_at), drafted=int(state.drafted),
       k_steps=None if state.goodput is None else np.asarray(state.goodput.steps),
-      step_costs=costs, drafter_state=state.drafter,
+      step_costs=None if state.goodput is None else np.asarray(state.goodput.step_costs),
+      drafter_state=state.drafter,
       goodput_estimate=None if state.goodput is None else (
           np.asarray(state.goodput.kept), np.asarray(state.goodput.reached)),
       lossy=None if spec.lossy is None else str(spec.lossy))

@@ -6,11 +6,13 @@ stream's first batch). With `--answer-bins 16,64` both goodput runs come again w
 estimate split by how far into its answer a row is (Goodput.answer_bins). Every method serves
 the whole stream once per round, round-robin; tokens/s is the stream's new tokens over its
 batches' seconds (prefill and decode, compile apart), the median of the rounds. Prints a table
-and writes JSON.
+and writes JSON. With `--continuous` every method serves the stream with continuous batching
+(`serve(continuous=True)`, `generate(rows=)` for AR): one goodput run per policy, its estimate
+carried from request to request in the one loop state.
 
   .venv/bin/python -m speculax.research.goodput_serving [--suite humaneval] [--prompts 32]
       [--batch 8] [--repeats 2] [-k 4] [--heads results/drafters/eagle-ttt-smollm2]
-      [--margin 0.1] [--answer-bins 16,64]
+      [--margin 0.1] [--answer-bins 16,64] [--continuous]
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from speculax.serve.loop import serve
 
 
 def stream_runs(model, stream, drafter, dparams, k: int, batch: int, new_tokens: int,
-                costs, policies: tuple[Goodput, ...]) -> dict:
+                costs, policies: tuple[Goodput, ...], continuous: bool = False) -> dict:
   """The methods compared, by name: each a call that serves the stream once and returns
   (new tokens, seconds, [k + 1] steps drafting 0..k summed over batches or None)."""
   params, config = model.params, model.config
@@ -46,13 +48,17 @@ def stream_runs(model, stream, drafter, dparams, k: int, batch: int, new_tokens:
 
   def served(spec, **options):
     def run():
-      reports = list(serve(params, config, stream, drafter, spec, dparams, batch, **options))
+      reports = list(serve(params, config, stream, drafter, spec, dparams, batch,
+                           continuous=continuous, **options))
       steps = [r.k_steps for r in reports if r.k_steps is not None]
       return (sum(r.new_tokens for r in reports), sum(r.seconds for r in reports),
               np.sum(steps, 0) if steps else None)
     return run
 
   def autoregressive():  # warmed per compiled shape (rows, prompt buckets), as serve does
+    if continuous:
+      out = generate(params, config, stream, fixed, rows=batch, warmup=True)
+      return out.new_tokens, out.wall_s, None
     outs = []
     for i in range(0, len(stream), batch):
       chunk = stream[i:i + batch]
@@ -67,6 +73,9 @@ def stream_runs(model, stream, drafter, dparams, k: int, batch: int, new_tokens:
     good = dataclasses.replace(fixed, goodput=policy)
     bins = "/".join(map(str, policy.answer_bins))
     name = f"goodput k<={k}" + (f", answer bins {bins}" if bins else "")
+    if continuous:
+      runs[name] = served(good, step_costs=costs)
+      continue
     runs[f"{name}, each batch from the prior"] = served(good, step_costs=costs)
     runs[f"{name}, estimate carried"] = served(good, step_costs=costs, carry_estimate=True)
   return runs
@@ -77,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
   add_target_and_out(ap)
   add_loop_runs(ap, prompts=32, heads=True)
   ap.add_argument("--suite", default="humaneval", choices=("humaneval", "chat"))
+  ap.add_argument("--continuous", action="store_true",
+                  help="serve with continuous batching (a finished row refilled with the next)")
   ap.add_argument("--margin", type=float, default=Goodput().margin,
                   help="Goodput.margin of every goodput run")
   ap.add_argument("--answer-bins", type=lambda v: ints(v, "--answer-bins"),
@@ -96,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
                     goodput=policy)
   costs = calibrate(model.params, model.config, stream[:args.batch], drafter, spec, dparams)
   runs = stream_runs(model, stream, drafter, dparams, args.k, args.batch, args.new_tokens, costs,
-                     policies)
+                     policies, args.continuous)
   rate, k_steps = {name: [] for name in runs}, {}
   for _ in range(args.repeats):
     for name, run in runs.items():
@@ -107,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
   ar = median(rate["autoregressive"])
   result = dict(machine=machine(), drafter=args.heads or "prompt lookup", suite=args.suite,
                 prompts=args.prompts, batch=args.batch, repeats=args.repeats, k=args.k,
-                margin=args.margin, answer_bins=args.answer_bins,
+                margin=args.margin, answer_bins=args.answer_bins, continuous=args.continuous,
                 new_tokens=args.new_tokens, step_costs=costs.tolist(), tokens_per_s=rate,
                 median_tokens_per_s={n: median(v) for n, v in rate.items()}, k_steps=k_steps)
   print(table(["method", "tok/s (median)", "rounds", "x AR", "steps drafting 0..k"],
@@ -116,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
   args.out.mkdir(parents=True, exist_ok=True)
   name = (f"goodput_serving_{args.suite}" + ("" if not args.heads else f"_{drafter.name}")
           + f"_b{args.batch}" + ("" if args.margin == Goodput().margin else f"_m{args.margin:g}")
-          + ("_bins" + "-".join(map(str, args.answer_bins)) if args.answer_bins else ""))
+          + ("_bins" + "-".join(map(str, args.answer_bins)) if args.answer_bins else "")
+          + ("_continuous" if args.continuous else ""))
   (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 

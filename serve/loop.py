@@ -14,6 +14,10 @@ the most tokens per second (decode/goodput.py), weighing step costs calibrated o
 batch of each size and, with carry_estimate, an acceptance estimate carried from batch to batch
 (a batch then does not open with the optimistic prior's long draft; measured 2026-11-29 from
 -6% to +5% against each batch from the prior, README, so it is not the default).
+With continuous=True the stream is decoded `batch_size` rows at a time, each finished request's
+row refilled with the next (decode/continuous.py): no row rides along finished, the estimate
+and a hot drafter's state carry from request to request in the one loop state, and a learner's
+rounds run between requests, the rows after a round drafting with its params.
 A request that cannot be served (too long for the cache, ids outside the vocabulary) is answered
 with its error and the rest of the stream goes on. Yields one `BatchReport` per batch.
 """
@@ -26,10 +30,11 @@ import jax
 import numpy as np
 
 from speculax.core import fields
+from speculax.decode import continuous
 from speculax.decode.calibrate import calibrate
 from speculax.decode.config import SpecConfig
 from speculax.decode.inputs import check_prompt, check_room, compiled_shape
-from speculax.decode.speculative import block_shape, speculative_generate
+from speculax.decode.speculative import block_shape, spec_program, speculative_generate
 from speculax.drafters.draft_model import DraftModel
 from speculax.serve.online import OnlineLearner, served_row
 from speculax.serve.recording import Recording
@@ -58,19 +63,20 @@ class BatchReport:
     return self.new_tokens / self.seconds
 
 
-def _refusal(prompt, config, spec: SpecConfig, extra: int) -> str | None:
+def _refusal(index: int, prompt, config, spec: SpecConfig, extra: int) -> Served | None:
+  """Request `index` answered with why it cannot be served, or None when it can be."""
   try:
     check_prompt(prompt, config.vocab_size, "its prompt")
     check_room(len(prompt), spec.max_new_tokens, config.max_seq_len, extra=extra)
   except ValueError as e:
-    return str(e)
+    return Served(index, None, f"request {index} refused: {e}")
   return None
 
 
 def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: SpecConfig,
           drafter_params=None, batch_size: int = 4, learner: OnlineLearner | None = None,
-          key: jax.Array | None = None, step_costs=None,
-          carry_estimate: bool = False) -> Iterator[BatchReport]:
+          key: jax.Array | None = None, step_costs=None, carry_estimate: bool = False,
+          continuous: bool = False) -> Iterator[BatchReport]:
   """Decodes `requests` in arrival order, `batch_size` at a time (the last batch may be smaller).
 
   learner: adapt the drafter online (its params replace drafter_params); the drafter must be
@@ -79,8 +85,17 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
   (decode/calibrate.py); None: calibrated on the first batch of each size.
   carry_estimate: with spec.goodput, each batch starts from the acceptance estimate the last
   one ended with (False: from the prior, as a lone call does).
+  continuous: refill each finished row with the next request (continuous batching). The stream
+  is read whole first (its longest prompt sizes the cache); a report covers each `batch_size`
+  requests in the order they finished (the refused ones in the first), its tau and acceptance
+  the loop steps since the report before (every row's), its seconds the stream's time since
+  then (a learner's rounds apart); step costs are calibrated on the first `batch_size` requests.
   """
   fields.check("batch_size", batch_size, int, ge=1)
+  if continuous and carry_estimate:
+    raise ValueError("continuous batching serves the stream from one loop state, whose goodput "
+                     "estimate carries from request to request already; carry_estimate is for "
+                     "fixed batches")
   hot = drafter.hot_start
   if learner is not None and hot:
     raise ValueError(f"{type(drafter).__name__} adapts by its own state (hot start); it has no "
@@ -93,6 +108,10 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
     drafter = Recording(drafter, learner.online.top_k, learner.online.all_positions)
   extra, depth = block_shape(drafter, spec)
   key = jax.random.key(0) if key is None else key
+  if continuous:
+    yield from _continuous(params, config, requests, drafter, spec, drafter_params, batch_size,
+                           learner, key, step_costs)
+    return
   compiled = set()
   calibrated, estimate = {}, None  # goodput: step costs per batch size, the carried estimate
   stream = iter(enumerate(requests))
@@ -100,11 +119,11 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
   while True:
     batch = []
     for index, prompt in stream:
-      error = _refusal(prompt, config, spec, extra + 1)
-      if error is None:
+      refusal = _refusal(index, prompt, config, spec, extra + 1)
+      if refusal is None:
         batch.append((index, list(prompt)))
       else:
-        refused.append(Served(index, None, f"request {index} refused: {error}"))
+        refused.append(refusal)
       if len(batch) == batch_size:
         break
     if not batch:
@@ -137,5 +156,66 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
                       accepted_at=out.acceptance, new_tokens=out.new_tokens, seconds=out.wall_s,
                       update=update, k_steps=out.k_steps)
   if refused:
-    yield BatchReport(served=refused, tau=float("nan"), acceptance=float("nan"),
-                      accepted_at=np.zeros(depth), new_tokens=0, seconds=float("nan"))
+    yield _refused(refused, depth)
+
+
+def _refused(refused: list[Served], depth: int) -> BatchReport:
+  """The report of requests refused after the last served one."""
+  return BatchReport(served=refused, tau=float("nan"), acceptance=float("nan"),
+                     accepted_at=np.zeros(depth), new_tokens=0, seconds=float("nan"))
+
+
+def _counts(state) -> tuple[int, int, np.ndarray, np.ndarray | None]:
+  """The loop state's running counts: (row steps, tokens they emitted, [depth] drafts kept at
+  each position, [k + 1] goodput steps drafting 0..k or None)."""
+  return (int(state.row_steps), int(state.step_tokens), np.asarray(state.accepted_at),
+          None if state.goodput is None else np.asarray(state.goodput.steps))
+
+
+def _continuous(params, config, requests, drafter, spec: SpecConfig, drafter_params,
+                batch_size: int, learner: OnlineLearner | None, key: jax.Array,
+                step_costs) -> Iterator[BatchReport]:
+  """serve(continuous=True): one `continuous.Stream` over every request served."""
+  extra, depth = block_shape(drafter, spec)
+  accepted, refused = [], []
+  for index, prompt in enumerate(requests):
+    refusal = _refusal(index, prompt, config, spec, extra + 1)
+    if refusal is None:
+      accepted.append((index, list(prompt)))
+    else:
+      refused.append(refusal)
+  if not accepted:
+    if refused:
+      yield _refused(refused, depth)
+    return
+  prompts = [p for _, p in accepted]
+  dparams = drafter_params if learner is None else learner.params
+  key, sub = jax.random.split(key)
+  if spec.goodput is not None and step_costs is None:
+    step_costs = calibrate(params, config, prompts[:batch_size], drafter, spec, dparams, key=sub)
+  program = lambda dparams: spec_program(params, config, drafter, spec, dparams, step_costs)
+  stream = continuous.Stream(params, config, prompts, spec, program(dparams), batch_size, key,
+                             warmup=True)
+  no_steps = None if spec.goodput is None else np.zeros(spec.k + 1, np.int64)
+  window, before, seconds = [], (0, 0, np.zeros(depth), no_steps), 0.0
+  for n, f in enumerate(stream, 1):
+    window.append(Served(accepted[f.index][0], f.tokens))
+    if learner is not None:  # the row's recorded laws, read before the stream refills it
+      rec = f.state.drafter
+      ids, logprobs, recorded = (np.asarray(x[f.row]) for x in (rec.ids, rec.logprobs,
+                                                                 rec.recorded))
+      learner.observe(served_row(prompts[f.index], f.tokens, ids, logprobs, recorded))
+    if len(window) < batch_size and n < len(prompts):
+      continue
+    now = _counts(f.state)
+    steps, tokens = now[0] - before[0], now[1] - before[1]
+    update = None
+    if learner is not None and learner.due():
+      update = learner.update()
+      stream.program = program(learner.params)
+    yield BatchReport(served=refused + window, tau=tokens / steps if steps else 1.0,
+                      acceptance=(tokens / steps - 1) / depth if steps else 0.0,
+                      accepted_at=(now[2] - before[2]) / max(steps, 1),
+                      new_tokens=sum(len(s.tokens) for s in window), seconds=f.seconds - seconds,
+                      update=update, k_steps=None if now[3] is None else now[3] - before[3])
+    window, refused, before, seconds = [], [], now, f.seconds

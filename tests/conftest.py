@@ -46,6 +46,12 @@ def tiny_reference(tiny):
           for p in PROMPTS]
 
 
+@pytest.fixture(scope="session")
+def eos(tiny_reference):
+  """EOS ids that end the reference rows at different steps: row i's token at step 3i."""
+  return tuple(sorted({r[(3 * i) % len(r)] for i, r in enumerate(tiny_reference) if i}))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _release_compiled_code():
   """Drops compiled executables after each test module. Every XLA:CPU executable keeps a few

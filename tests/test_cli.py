@@ -93,6 +93,8 @@ MALFORMED = [
     (["serve-bench", "{stream}", "--online", "--lr", "0"],
      "OnlineConfig.learning_rate must be a finite number > 0, got 0.0"),
     (["serve-bench", "{stream}", "--divergence", "kl"], "argument --divergence: invalid choice"),
+    (["serve-bench", "{stream}", "--continuous", "--goodput", "--carry-estimate"],
+     "--carry-estimate is for fixed batches"),
     (["serve-bench", "{stream}", "--buffer-policy", "lru"], "argument --buffer-policy: invalid"),
     (["serve-bench", "{stream}", "--answer-bins", "16"],
      "--answer-bins 16 splits goodput's estimate; add --goodput"),
@@ -233,11 +235,13 @@ def test_serve_bench_online_prints_the_curve_and_resumes(capsys, tmp_path):
   out = capsys.readouterr()
   assert out.out.count("acceptance") >= 3 and "round 2: loss" in out.out
   assert "2 update rounds, 0 rolled back" in out.out
-  assert main([*argv, "--limit", "2", "--json"]) == 0  # a restarted server picks up its drafter
+  # A restarted server picks up its drafter; continuous batching reports each 2 finished.
+  assert main([*argv, "--limit", "3", "--json", "--continuous"]) == 0
   out = capsys.readouterr()
   assert "resumed from" in out.err
   report = json.loads(out.out)  # the batch lines went to stderr
-  assert report["prompts"] == 2 and len(report["rows"]) == report["batches"] == 1
+  assert report["prompts"] == 3 and len(report["rows"]) == report["batches"] == 2
+  assert sorted(i for r in report["rows"] for i in r["requests"]) == [0, 1, 2]
 
 
 @pytest.mark.slow

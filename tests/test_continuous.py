@@ -21,19 +21,7 @@ from speculax.models import llama
 from speculax.models.config import get_preset
 from speculax.models.sharding import MeshConfig
 
-from tiny_prompts import NEW, PROMPTS
-
-
-def _cut(tokens, eos):
-  """A reference output cut after its first EOS, as a decode with eos_ids emits it."""
-  ends = [i for i, t in enumerate(tokens) if t in eos]
-  return tokens[:ends[0] + 1] if ends else tokens
-
-
-@pytest.fixture(scope="module")
-def eos(tiny_reference):
-  """EOS ids that end the reference rows at different steps: row i's token at step 3i."""
-  return tuple(sorted({r[(3 * i) % len(r)] for i, r in enumerate(tiny_reference) if i}))
+from tiny_prompts import NEW, PROMPTS, cut_at_eos
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8])
@@ -41,7 +29,7 @@ def test_autoregressive_rows_equal_each_prompt_alone(tiny, tiny_reference, eos, 
   cfg, params = tiny
   out = generate(params, cfg, PROMPTS, GenerateConfig(max_new_tokens=NEW, eos_ids=eos),
                  rows=rows, warmup=True)
-  expect = [_cut(t, eos) for t in tiny_reference]
+  expect = [cut_at_eos(t, eos) for t in tiny_reference]
   assert len({len(t) for t in expect}) > 2  # rows finish at different steps
   assert out.tokens == expect and out.batch == rows and out.compile_s > 0
 
@@ -64,7 +52,7 @@ def test_speculative_rows_equal_each_prompt_alone(tiny, tiny_reference, eos, nam
   spec = SpecConfig(k=3, max_new_tokens=NEW, eos_ids=eos)
   out = speculative_generate(params, cfg, PROMPTS, drafter, spec, drafter_params=dparams,
                              rows=3)
-  assert out.tokens == [_cut(t, eos) for t in tiny_reference]
+  assert out.tokens == [cut_at_eos(t, eos) for t in tiny_reference]
   assert out.row_steps > 0 and out.batch == 3
 
 
