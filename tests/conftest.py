@@ -46,6 +46,23 @@ def tiny_reference(tiny):
           for p in PROMPTS]
 
 
+@pytest.fixture
+def calibrations(monkeypatch):
+  """The serving loop's goodput calibration replaced by test_goodput.COSTS; the list returned
+  holds each calibration's batch size."""
+  import numpy as np
+  import test_goodput
+  from speculax.serve import loop
+  sizes = []
+
+  def calibrated(params, config, prompts, *args, **kwargs):
+    sizes.append(len(prompts))
+    return np.asarray(test_goodput.COSTS, np.float32)
+
+  monkeypatch.setattr(loop, "calibrate", calibrated)
+  return sizes
+
+
 @pytest.fixture(scope="session")
 def eos(tiny_reference):
   """EOS ids that end the reference rows at different steps: row i's token at step 3i."""

@@ -5,6 +5,7 @@ accepted settles on plain decoding, prompt lookup on a self-repeating target dra
 drafter whose signal foretells rejections is spared them, a draft model left behind by plain
 steps catches up."""
 import dataclasses
+import re
 from typing import ClassVar
 
 import jax
@@ -20,10 +21,11 @@ from speculax import api
 from speculax.core import tau
 from speculax.core.sampling import SamplingConfig
 from speculax.core.types import Draft, TargetView, Verified
-from speculax.decode import goodput, speculative
+from speculax.decode import engine, goodput, speculative
 from speculax.decode.calibrate import calibrate
 from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
+from speculax.decode.inputs import pack_prompts
 from speculax.decode.goodput import Goodput, GoodputState
 from speculax.decode.speculative import spec_loop, speculative_generate
 from speculax.drafters.base import Drafter
@@ -32,6 +34,7 @@ from speculax.drafters.eagle import Eagle
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models import llama
+from speculax.models.kvcache import KVCache
 from speculax.models.load import LoadedModel
 
 from tiny_prompts import NEW, PROMPTS
@@ -242,6 +245,27 @@ def test_never_accepted_settles_on_plain_decoding(tiny):
   assert out.accepted_at.sum() == 0
   # Optimism tries k = 3 first; then plain steps, and a one-draft probe after every 16.
   assert out.k_steps[0] >= 0.85 * out.k_steps.sum(), out.k_steps
+
+
+def test_the_loop_updates_cache_and_history_in_place(tiny):
+  """The compiled goodput loop copies no K/V or history buffer: a switch among its lengths made
+  XLA copy each at every change of length and every continuous-batching refill (16 cache and 4
+  history copies here); a chain of loops, one per length, updates them in place."""
+  cfg, params = tiny
+  spec = SpecConfig(k=2, max_new_tokens=NEW, goodput=Goodput())
+  program = speculative.spec_program(params, cfg, PromptLookup(), spec, None, COSTS[:3])
+  tokens, lengths = (jnp.asarray(x) for x in pack_prompts(PROMPTS, cfg.vocab_size, 1))
+  max_len = tokens.shape[1] + NEW + program.extra_slots
+  dparams = engine.decoding_params(params)
+  state = engine.start(dparams, cfg, program, tokens, lengths,
+                       KVCache.init(cfg, len(PROMPTS), max_len, per_layer=True),
+                       jax.random.key(0), max_len, NEW)
+  hlo = spec_loop.lower(dparams, None, cfg, spec, PromptLookup(), state,
+                        jnp.zeros((len(PROMPTS),), bool)).compile().as_text()
+  for dtype, buf in (("f32", state.cache.k[0]), ("s32", state.history)):
+    shape = ",".join(map(str, buf.shape))
+    copies = re.findall(rf"= {dtype}\[{shape}\]\S* copy\(", hlo)
+    assert not copies, f"{len(copies)} copies of a {dtype}[{shape}] buffer in the goodput loop"
 
 
 def test_prompt_lookup_on_a_repeating_target_drafts_long(tiny, tiny_reference):

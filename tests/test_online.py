@@ -15,7 +15,6 @@ from speculax.drafters.medusa import Medusa
 from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models import llama
 from speculax.models.config import get_preset
-from speculax.serve import loop
 from speculax.serve.loop import serve
 from speculax.serve.online import OnlineConfig, OnlineLearner, served_row
 from speculax.serve.recording import Recording
@@ -240,23 +239,16 @@ def test_a_request_longer_than_the_cache_is_refused_and_the_rest_served(tiny, ti
 
 
 def test_goodput_serving_carries_the_estimate_and_calibrates_per_batch_size(
-    tiny, tiny_reference, monkeypatch):
+    tiny, tiny_reference, calibrations):
   """Goodput while serving: a drafter that is never kept costs the first batch its optimistic
   long draft and no later batch one, since the estimate goes on from batch to batch; the step
   costs are calibrated once for each batch size; outputs stay the target's."""
   cfg, params = tiny
-  sizes = []
-
-  def calibrated(params, config, prompts, *args, **kwargs):
-    sizes.append(len(prompts))
-    return np.asarray(test_goodput.COSTS, np.float32)
-
-  monkeypatch.setattr(loop, "calibrate", calibrated)
   spec = SpecConfig(k=3, max_new_tokens=NEW, goodput=Goodput())
   reports = list(serve(params, cfg, PROMPTS[:5], test_goodput.Contrary(), spec, batch_size=2,
                        carry_estimate=True))
   assert [s.tokens for r in reports for s in r.served] == tiny_reference[:5]
-  assert sizes == [2, 1]  # batches of 2, 2 and 1
+  assert calibrations == [2, 1]  # batches of 2, 2 and 1
   first, *later = (r.k_steps for r in reports)
   assert first[3] >= 1 and all(k[2:].sum() == 0 for k in later), [r.k_steps for r in reports]
   with pytest.raises(ValueError, match="step_costs go with spec.goodput and only with it.* "

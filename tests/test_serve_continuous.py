@@ -14,7 +14,6 @@ from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models import llama
 from speculax.models.config import get_preset
-from speculax.serve import loop
 from speculax.serve.loop import serve
 from speculax.serve.online import OnlineConfig, OnlineLearner
 
@@ -93,22 +92,15 @@ def test_token_recycling_matrix_carries_from_request_to_request(tiny, tiny_refer
 
 
 def test_goodput_estimate_carries_and_costs_are_calibrated_once(tiny, tiny_reference,
-                                                                monkeypatch):
+                                                                calibrations):
   """A drafter that is never kept pays the optimistic prior's long draft in the first report
   only; the step costs are calibrated once, on the first batch_size requests."""
   cfg, params = tiny
-  sizes = []
-
-  def calibrated(params, config, prompts, *args, **kwargs):
-    sizes.append(len(prompts))
-    return np.asarray(test_goodput.COSTS, np.float32)
-
-  monkeypatch.setattr(loop, "calibrate", calibrated)
   spec = SpecConfig(k=3, max_new_tokens=NEW, goodput=Goodput())
   reports = list(serve(params, cfg, PROMPTS[:6], test_goodput.Contrary(), spec, batch_size=2,
                        continuous=True))
   assert [s.tokens for s in _by_index(reports)] == tiny_reference[:6]
-  assert sizes == [2]
+  assert calibrations == [2]
   first, *later = (r.k_steps for r in reports)
   assert first[3] >= 1 and all(k[2:].sum() == 0 for k in later), [r.k_steps for r in reports]
   with pytest.raises(ValueError, match="carries from request to request already"):
