@@ -77,7 +77,7 @@ class Stream:
   program: may be replaced between rows (same shapes: an online learner's new drafter params),
   later loop steps and refills run the new one.
   warmup: compile and run once, timed as compile_s, every piece the timed run uses: the first
-  batch's start, a one-row start per prompt width, the row write and the loop (each branch).
+  batch's start, a one-row start per prompt width, the row write and the loop (each step program).
   After the iteration: `state` the final loop state, `seconds` and `decode_s` (its loop steps)
   the stream's own time.
   """

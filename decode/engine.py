@@ -34,7 +34,7 @@ def running(done: jax.Array, watch: jax.Array) -> jax.Array:
 
 
 def one_state(state) -> list:
-  """A loop without branches warms up from its state as it is."""
+  """A loop with one path (one step program) warms up from its state as it is."""
   return [state]
 
 
@@ -52,8 +52,9 @@ class Program:
   # state -> (buffer [b, W], first [b], n [b]): row i's new tokens are buffer[i, first:first + n].
   new_tokens: Callable[[Any], tuple[jax.Array, jax.Array, jax.Array]]
   # state -> the states the warm-up runs one loop step from, each with buffers of its own (the
-  # loop donates its state): a loop with branches gives one state per branch, since a compiled
-  # branch's first execution is slow on XLA:CPU and would land in the timed run.
+  # loop donates its state): a loop with several step programs (goodput's, one per draft length)
+  # gives one state per program, since a compiled program's first execution is slow on XLA:CPU
+  # and would land in the timed run.
   warm_states: Callable[[Any], Iterable] = one_state
 
 
@@ -115,10 +116,10 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
   DecodeOutput of what every decode reports (tokens, timings, target forwards).
 
   warmup: compile the prefill and the loop first and run one loop step (on a copy of the
-  cache; one per branch of a loop with branches: Program.warm_states), timed as compile_s, so
-  prefill_s and decode_s measure only the run itself: the first execution of a compiled step is
-  slow on XLA:CPU (an AR loop 1.28 s cold, 1.21 s warm), and a loop that ran no step would pay
-  it in the timed run.
+  cache; one per step program of a loop with several: Program.warm_states), timed as
+  compile_s, so prefill_s and decode_s measure only the run itself: the first execution of a
+  compiled step is slow on XLA:CPU (an AR loop 1.28 s cold, 1.21 s warm), and a loop that ran
+  no step would pay it in the timed run.
   new_tokens: this run's most new tokens per prompt (None: gen.max_new_tokens, which sizes the
   compiled loop; fewer reuse it).
   """

@@ -10,11 +10,12 @@ state, not of its static config: one compiled loop serves any costs, so calibrat
 serving loop itself and a measured cost vector is reused across calls. A cost of +inf takes
 that length out of the choice (calibration forces one length at a time this way). The choice is
 an argmax over K + 1 numbers inside the jitted loop, and the loop runs the chosen step's own
-program (lax.switch), so a short draft pays only its own drafting and verify forward. Each step
-makes the next step's choice at its end (`GoodputState.choice`), so the loop's conditions only
-read it: a while loop's condition is launched from the host on every iteration on a GPU, where
-computing the choice there took ~10 small kernels outside the step's CUDA graph (the fixed
-loop's condition: 2), 0.4 ms of a 2.2 ms step under the profiler (H200, SmolLM2 at batch 8).
+program (a chain of loops, one per length), so a short draft pays only its own drafting and
+verify forward. Each step makes the next step's choice at its end (`GoodputState.choice`), so
+the loop's conditions only read it: a while loop's condition is launched from the host on
+every iteration on a GPU, where computing the choice there took ~10 small kernels outside the
+step's CUDA graph (the fixed loop's condition: 2), 0.4 ms of a 2.2 ms step under the profiler
+(H200, SmolLM2 at batch 8).
 
 The estimate is kept per bin of the drafter's own signal, what it knows of its next draft
 before drafting it (`Drafter.signal`: prompt lookup's match length; one bin for a drafter
