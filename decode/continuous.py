@@ -143,7 +143,7 @@ class Stream:
       for r in np.flatnonzero(done):
         if holder[r] is None:
           continue
-        self.state, self.seconds = state, self.seconds + time.perf_counter() - t
+        self.seconds += time.perf_counter() - t
         yield Finished(holder[r], buffer[r, start_at[r]:start_at[r] + count[r]].tolist(), state,
                        int(r), self.seconds)
         t = time.perf_counter()

@@ -110,7 +110,7 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
   key = jax.random.key(0) if key is None else key
   if continuous:
     yield from _continuous(params, config, requests, drafter, spec, drafter_params, batch_size,
-                           learner, key, step_costs)
+                           learner, key, step_costs, extra, depth)
     return
   compiled = set()
   calibrated, estimate = {}, None  # goodput: step costs per batch size, the carried estimate
@@ -174,9 +174,9 @@ def _counts(state) -> tuple[int, int, np.ndarray, np.ndarray | None]:
 
 def _continuous(params, config, requests, drafter, spec: SpecConfig, drafter_params,
                 batch_size: int, learner: OnlineLearner | None, key: jax.Array,
-                step_costs) -> Iterator[BatchReport]:
-  """serve(continuous=True): one `continuous.Stream` over every request served."""
-  extra, depth = block_shape(drafter, spec)
+                step_costs, extra: int, depth: int) -> Iterator[BatchReport]:
+  """serve(continuous=True): one `continuous.Stream` over every request served; extra, depth:
+  the drafter's block_shape."""
   accepted, refused = [], []
   for index, prompt in enumerate(requests):
     refusal = _refusal(index, prompt, config, spec, extra + 1)
