@@ -65,8 +65,9 @@ class Goodput(Checked):
   probe_every: int = field(16, ge=1)
   # Estimates per bin of the drafter's signal (False: one estimate pooled over every row).
   signal: bool = True
-  # How much more expected tokens per second a draft must promise than a plain step to be
-  # taken: a plain step's tokens are certain, a draft's an estimate, and a drafter near
+  # How much more expected tokens per second a draft must promise than a plain step, and a
+  # longer draft than every shorter one, to be taken: a plain step's tokens are certain, a
+  # draft's an estimate (a longer one's a longer product of them), and a drafter near
   # break-even (EAGLE + TTT at batch 1 on a 2-core CPU: kept 0.32 of the time against a
   # one-draft step of 1.33 plain ones) otherwise drafts on the estimate's and the costs' noise.
   margin: float = field(0.1, ge=0)
@@ -178,15 +179,15 @@ def acceptance(goodput: Goodput, state: GoodputState) -> jax.Array:
 
 
 def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
-  """[] int32 the drafting k with the highest expected tokens per second for the rows' bins
-  (ties: the shorter; a length of infinite cost rates 0) where it beats a plain step's by more
-  than goodput.margin, else 0; after probe_every plain steps in a row the shortest drafting
-  length of finite cost."""
+  """[] int32 the shortest k in 0..K whose expected tokens per second for the rows' bins come
+  within goodput.margin of the best length's (a length of infinite cost rates 0): a plain step
+  unless some draft beats it by more than the margin, and a longer draft only where the best
+  length beats every shorter one so; after probe_every plain steps in a row the shortest drafting length of
+  finite cost."""
   rows = jax.nn.one_hot(state.bins, state.kept.shape[0]).sum(0)  # [c] rows per bin (done: none)
   tokens = rows @ expected_tokens(acceptance(goodput, state))  # [K + 1] summed over rows
   rate = tokens / state.step_costs  # [K + 1]
-  draft = 1 + jnp.argmax(rate[1:]).astype(jnp.int32)
-  best = jnp.where(rate[draft] > (1 + goodput.margin) * rate[0], draft, 0)
+  best = jnp.argmax(rate * (1 + goodput.margin) >= rate.max()).astype(jnp.int32)
   may_draft = jnp.isfinite(state.step_costs[1:])  # [K]
   probe = (best == 0) & (state.plain_run >= goodput.probe_every) & may_draft.any()
   return jnp.where(probe, 1 + jnp.argmax(may_draft).astype(jnp.int32), best)
