@@ -1,0 +1,118 @@
+"""Goodput's choices without the timing's noise: a bench result's greedy goodput rows replayed
+under the step costs each row calibrated, held fixed, beside every fixed k up to the row's k
+under the same costs (a length forced by +inf on the others). Greedy decoding makes every choice
+deterministic, so the modelled tokens/s (tokens / the summed cost of the lengths taken) is the
+policy's worth on that machine's costs with neither a calibration's nor a round's spread: a
+bench row that loses to fixed k here loses by its choices. The replay decodes the bench
+config's own method (drafter, options, policy) on the first --prompts prompts of the row's suite
+at its batch; --set FIELD=VALUE replaces policy fields (margin=0, probe_every=4, ...).
+
+  .venv/bin/python -m speculax.research.goodput_replay --bench results/bench_goodput_chain.json
+      [--config goodput] [--prompts 8] [--set margin=0] [--out results]
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import pathlib
+
+import numpy as np
+
+from speculax.bench import suites
+from speculax.bench.config import load_config
+from speculax.bench.methods import build_drafter
+from speculax.bench.report import table
+from speculax.bench.run import loader
+from speculax.decode.config import SpecConfig
+from speculax.decode.goodput import Goodput, step_costs
+from speculax.decode.speculative import speculative_generate
+
+
+def replay(model, drafter, dparams, policy: Goodput, costs, groups: list[list[list[int]]],
+           new_tokens: int) -> dict[str, dict]:
+  """{run: tok_per_s, steps [k + 1], tokens} for the policy and each fixed k under costs [k + 1]
+  (seconds of a step drafting 0..k), decoding each group of prompts greedily, EOS off."""
+  costs = step_costs(costs, len(costs) - 1)
+  lengths = np.arange(len(costs))
+  runs = {"goodput": costs, **{f"k={k}": np.where(lengths == k, costs, np.inf)
+                               for k in lengths[1:] if np.isfinite(costs[k])}}
+  spec = SpecConfig(k=len(costs) - 1, max_new_tokens=new_tokens, eos_ids=(), goodput=policy)
+  out = {}
+  for name, run_costs in runs.items():
+    steps, tokens = np.zeros(len(costs), np.int64), 0
+    for prompts in groups:
+      r = speculative_generate(model.params, model.config, prompts, drafter, spec, dparams,
+                               step_costs=run_costs)
+      steps += np.asarray(r.k_steps)
+      tokens += sum(len(t) for t in r.tokens)
+    seconds = float(sum(n * c for n, c in zip(steps, costs) if n))
+    out[name] = dict(tok_per_s=tokens / seconds, steps=steps.tolist(), tokens=tokens)
+  return out
+
+
+def greedy_goodput_rows(bench: dict) -> list[dict]:
+  """The bench result's greedy rows that ran goodput (those with calibrated step costs)."""
+  rows = [r for r in bench["rows"] if r.get("step_costs") and r["sampling"] == "greedy"]
+  if not rows:
+    raise ValueError(f"bench result {bench.get('name')!r} holds no greedy goodput row (none with "
+                     f"step_costs) to replay; its methods: "
+                     f"{sorted({r['method'] for r in bench['rows']})}")
+  return rows
+
+
+def _setting(text: str) -> tuple[str, object]:
+  name, sep, value = text.partition("=")
+  if not sep or name not in {f.name for f in dataclasses.fields(Goodput)}:
+    raise argparse.ArgumentTypeError(f"--set takes FIELD=VALUE with a Goodput field "
+                                     f"({', '.join(f.name for f in dataclasses.fields(Goodput))}),"
+                                     f" got {text!r}")
+  return name, ast.literal_eval(value)
+
+
+def main(argv: list[str] | None = None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--bench", type=pathlib.Path, required=True, help="a bench result's JSON")
+  ap.add_argument("--config", default="goodput", help="the bench config its methods come from")
+  ap.add_argument("--prompts", type=int, default=8, help="prompts of the row's suite replayed")
+  ap.add_argument("--set", type=_setting, action="append", default=[], dest="settings",
+                  help="FIELD=VALUE: a Goodput field replaced in every row's policy")
+  ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results"))
+  args = ap.parse_args(argv)
+  bench = json.loads(args.bench.read_text())
+  rows = greedy_goodput_rows(bench)
+  cfg = load_config(args.config)
+  methods = {m.name: m for m in cfg.methods}
+  load = loader(cfg)
+  model = load(bench["target"])
+  result = dict(bench=str(args.bench), config=args.config, prompts=args.prompts,
+                new_tokens=bench["new_tokens"], settings=dict(args.settings), rows=[])
+  for row in rows:
+    if row["method"] not in methods:
+      raise ValueError(f"bench row {row['method']!r} is not a method of bench config "
+                       f"{args.config!r} (its methods: {sorted(methods)})")
+    m = methods[row["method"]]
+    drafter, dparams = build_drafter(m.drafter, model, load, m.options, m.k, m.fields)
+    policy = dataclasses.replace(m.policy, **dict(args.settings))
+    ids = suites.encode(model.tokenizer, suites.suite(row["suite"], max(args.prompts,
+                                                                         row["batch"])))
+    b = row["batch"]
+    groups = [ids[i:i + b] for i in range(0, max(args.prompts // b, 1) * b, b)]
+    runs = replay(model, drafter, dparams, policy, row["step_costs"], groups,
+                  bench["new_tokens"])
+    result["rows"].append(dict(method=row["method"], batch=b, step_costs=row["step_costs"],
+                               runs=runs))
+    best = max((r for n, r in runs.items() if n != "goodput"), key=lambda r: r["tok_per_s"])
+    print(table(["method", "batch", "run", "modelled tok/s", "x best fixed k", "steps 0..k"],
+                [[row["method"], b, n, r["tok_per_s"], r["tok_per_s"] / best["tok_per_s"],
+                  "/".join(map(str, r["steps"]))] for n, r in runs.items()]))
+  args.out.mkdir(parents=True, exist_ok=True)
+  suffix = "".join(f"_{n}{v}" for n, v in args.settings)  # e.g. _margin0.0
+  path = args.out / f"goodput_replay_{bench['name']}{suffix}.json"
+  path.write_text(json.dumps(result, indent=1) + "\n")
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,53 @@
+"""research/goodput_replay: goodput's choices under fixed step costs, on the tiny target."""
+import types
+
+import numpy as np
+import pytest
+
+from speculax.decode.goodput import Goodput
+from speculax.drafters.prompt_lookup import PromptLookup
+from speculax.research import goodput_replay
+
+from tiny_prompts import PROMPTS
+
+COSTS = (1.0, 1.3, 1.4, 1.5)  # seconds of a step drafting 0..3, prompt lookup's shape
+
+
+def test_replay_models_each_run_by_the_lengths_it_took(tiny):
+  """Each run's tok/s is its tokens over the costs of the steps it took (recomputed here); a
+  fixed k's steps are all at k; a length of +inf cost has no fixed run and is never taken; the
+  same call twice chooses the same steps (greedy: no timing, no noise)."""
+  cfg, params = tiny
+  model = types.SimpleNamespace(params=params, config=cfg)
+  groups = [PROMPTS[:2], PROMPTS[2:4]]
+  costs = (1.0, 1.3, float("inf"), 1.5)
+  runs = goodput_replay.replay(model, PromptLookup(max_ngram=3), None, Goodput(), costs, groups,
+                               new_tokens=12)
+  assert sorted(runs) == ["goodput", "k=1", "k=3"]
+  for name, run in runs.items():
+    assert run["tokens"] == 4 * 12
+    seconds = sum(n * c for n, c in zip(run["steps"], costs) if n)
+    np.testing.assert_allclose(run["tok_per_s"], run["tokens"] / seconds, rtol=1e-5)
+    assert run["steps"][2] == 0, run
+    if name != "goodput":
+      k = int(name[2:])
+      assert run["steps"][k] == sum(run["steps"]) > 0, run
+  assert sum(runs["goodput"]["steps"][1:]) > 0, runs["goodput"]  # the repeating target drafts
+  again = goodput_replay.replay(model, PromptLookup(max_ngram=3), None, Goodput(), costs, groups,
+                                new_tokens=12)
+  assert again == runs
+
+
+def test_a_bench_without_goodput_rows_names_its_methods():
+  bench = {"name": "b", "rows": [{"method": "prompt lookup k=1", "step_costs": None,
+                                  "sampling": "greedy"},
+                                 {"method": "eagle goodput", "step_costs": list(COSTS),
+                                  "sampling": "t=1"}]}
+  with pytest.raises(ValueError, match="no greedy goodput row.*'eagle goodput', 'prompt lookup"):
+    goodput_replay.greedy_goodput_rows(bench)
+
+
+def test_set_names_the_goodput_fields():
+  assert goodput_replay._setting("margin=0") == ("margin", 0)
+  with pytest.raises(Exception, match="Goodput field.*margin.*got 'marg=0'"):
+    goodput_replay._setting("marg=0")
