@@ -1,6 +1,6 @@
 """Goodput's choices without the timing's noise: a bench result's greedy goodput rows replayed
-under the step costs each row calibrated, held fixed, beside every fixed k up to the row's k
-under the same costs (a length forced by +inf on the others). Greedy decoding makes every choice
+under the step costs each row calibrated, held fixed, beside every fixed k from 0 (plain
+decoding) to the row's k under the same costs (a length forced by +inf on the others). Greedy decoding makes every choice
 deterministic, so the modelled tokens/s (tokens / the summed cost of the lengths taken) is the
 policy's worth on that machine's costs with neither a calibration's nor a round's spread: a
 bench row that loses to fixed k here loses by its choices. The replay decodes the bench
@@ -32,12 +32,13 @@ from speculax.decode.speculative import speculative_generate
 
 def replay(model, drafter, dparams, policy: Goodput, costs, groups: list[list[list[int]]],
            new_tokens: int) -> dict[str, dict]:
-  """{run: tok_per_s, steps [k + 1], tokens} for the policy and each fixed k under costs [k + 1]
-  (seconds of a step drafting 0..k), decoding each group of prompts greedily, EOS off."""
+  """{run: tok_per_s, steps [k + 1], tokens} for the policy and each fixed k of finite cost (0:
+  plain decoding) under costs [k + 1] (seconds of a step drafting 0..k), decoding each group of
+  prompts greedily, EOS off."""
   costs = step_costs(costs, len(costs) - 1)
   lengths = np.arange(len(costs))
   runs = {"goodput": costs, **{f"k={k}": np.where(lengths == k, costs, np.inf)
-                               for k in lengths[1:] if np.isfinite(costs[k])}}
+                               for k in lengths if np.isfinite(costs[k])}}
   spec = SpecConfig(k=len(costs) - 1, max_new_tokens=new_tokens, eos_ids=(), goodput=policy)
   out = {}
   for name, run_costs in runs.items():

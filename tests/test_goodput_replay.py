@@ -15,15 +15,16 @@ COSTS = (1.0, 1.3, 1.4, 1.5)  # seconds of a step drafting 0..3, prompt lookup's
 
 def test_replay_models_each_run_by_the_lengths_it_took(tiny):
   """Each run's tok/s is its tokens over the costs of the steps it took (recomputed here); a
-  fixed k's steps are all at k; a length of +inf cost has no fixed run and is never taken; the
-  same call twice chooses the same steps (greedy: no timing, no noise)."""
+  fixed k's steps (k = 0: plain decoding) are all at k; a length of +inf cost has no fixed run
+  and is never taken; the same call twice chooses the same steps (greedy: no timing, no
+  noise)."""
   cfg, params = tiny
   model = types.SimpleNamespace(params=params, config=cfg)
   groups = [PROMPTS[:2], PROMPTS[2:4]]
   costs = (1.0, 1.3, float("inf"), 1.5)
   runs = goodput_replay.replay(model, PromptLookup(max_ngram=3), None, Goodput(), costs, groups,
                                new_tokens=12)
-  assert sorted(runs) == ["goodput", "k=1", "k=3"]
+  assert sorted(runs) == ["goodput", "k=0", "k=1", "k=3"]
   for name, run in runs.items():
     assert run["tokens"] == 4 * 12
     seconds = sum(n * c for n, c in zip(run["steps"], costs) if n)
