@@ -182,8 +182,8 @@ def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
   """[] int32 the shortest k in 0..K whose expected tokens per second for the rows' bins come
   within goodput.margin of the best length's (a length of infinite cost rates 0): a plain step
   unless some draft beats it by more than the margin, and a longer draft only where the best
-  length beats every shorter one so; after probe_every plain steps in a row the shortest drafting length of
-  finite cost."""
+  length beats every shorter one so; after probe_every plain steps in a row the shortest
+  drafting length of finite cost."""
   rows = jax.nn.one_hot(state.bins, state.kept.shape[0]).sum(0)  # [c] rows per bin (done: none)
   tokens = rows @ expected_tokens(acceptance(goodput, state))  # [K + 1] summed over rows
   rate = tokens / state.step_costs  # [K + 1]

@@ -1,11 +1,11 @@
 """Goodput's choices without the timing's noise: a bench result's greedy goodput rows replayed
 under the step costs each row calibrated, held fixed, beside every fixed k from 0 (plain
-decoding) to the row's k under the same costs (a length forced by +inf on the others). Greedy decoding makes every choice
-deterministic, so the modelled tokens/s (tokens / the summed cost of the lengths taken) is the
-policy's worth on that machine's costs with neither a calibration's nor a round's spread: a
-bench row that loses to fixed k here loses by its choices. The replay decodes the bench
-config's own method (drafter, options, policy) on the first --prompts prompts of the row's suite
-at its batch; --set FIELD=VALUE replaces policy fields (margin=0, probe_every=4, ...).
+decoding) to the row's k under the same costs (a length forced by +inf on the others). Greedy
+decoding makes every choice deterministic, so the modelled tokens/s (tokens / the summed cost of
+the lengths taken) is the policy's worth on that machine's costs with neither a calibration's
+nor a round's spread: a bench row that loses to fixed k here loses by its choices. The replay
+decodes the bench config's own method (drafter, options, policy) on the first --prompts prompts
+of the row's suite at its batch; --set FIELD=VALUE replaces policy fields (margin=0, ...).
 
   .venv/bin/python -m speculax.research.goodput_replay --bench results/bench_goodput_chain.json
       [--config goodput] [--prompts 8] [--set margin=0] [--out results]
