@@ -13,8 +13,6 @@ of the row's suite at its batch; --set FIELD=VALUE replaces policy fields (margi
 from __future__ import annotations
 
 import argparse
-import ast
-import dataclasses
 import json
 import pathlib
 
@@ -25,8 +23,9 @@ from speculax.bench.config import load_config
 from speculax.bench.methods import build_drafter
 from speculax.bench.report import table
 from speculax.bench.run import loader
+from speculax.core import overrides
 from speculax.decode.config import SpecConfig
-from speculax.decode.goodput import Goodput, step_costs
+from speculax.decode.goodput import Goodput, forcing, step_costs
 from speculax.decode.speculative import speculative_generate
 
 
@@ -36,9 +35,9 @@ def replay(model, drafter, dparams, policy: Goodput, costs, groups: list[list[li
   plain decoding) under costs [k + 1] (seconds of a step drafting 0..k), decoding each group of
   prompts greedily, EOS off."""
   costs = step_costs(costs, len(costs) - 1)
-  lengths = np.arange(len(costs))
-  runs = {"goodput": costs, **{f"k={k}": np.where(lengths == k, costs, np.inf)
-                               for k in lengths if np.isfinite(costs[k])}}
+  # A fixed k's run is forced (+inf elsewhere) and, like goodput's, timed by `costs` below.
+  runs = {"goodput": costs, **{f"k={k}": forcing(k, len(costs))
+                               for k in range(len(costs)) if np.isfinite(costs[k])}}
   spec = SpecConfig(k=len(costs) - 1, max_new_tokens=new_tokens, eos_ids=(), goodput=policy)
   out = {}
   for name, run_costs in runs.items():
@@ -63,24 +62,16 @@ def greedy_goodput_rows(bench: dict) -> list[dict]:
   return rows
 
 
-def _setting(text: str) -> tuple[str, object]:
-  name, sep, value = text.partition("=")
-  if not sep or name not in {f.name for f in dataclasses.fields(Goodput)}:
-    raise argparse.ArgumentTypeError(f"--set takes FIELD=VALUE with a Goodput field "
-                                     f"({', '.join(f.name for f in dataclasses.fields(Goodput))}),"
-                                     f" got {text!r}")
-  return name, ast.literal_eval(value)
-
-
 def main(argv: list[str] | None = None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--bench", type=pathlib.Path, required=True, help="a bench result's JSON")
   ap.add_argument("--config", default="goodput", help="the bench config its methods come from")
   ap.add_argument("--prompts", type=int, default=8, help="prompts of the row's suite replayed")
-  ap.add_argument("--set", type=_setting, action="append", default=[], dest="settings",
-                  help="FIELD=VALUE: a Goodput field replaced in every row's policy")
+  ap.add_argument("--set", action="append", default=[], dest="settings", metavar="FIELD=VALUE",
+                  help="a Goodput field replaced in every row's policy (core/overrides)")
   ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results"))
   args = ap.parse_args(argv)
+  overrides.apply(Goodput(), args.settings)  # a bad field fails here, before any model loads
   bench = json.loads(args.bench.read_text())
   rows = greedy_goodput_rows(bench)
   cfg = load_config(args.config)
@@ -88,14 +79,14 @@ def main(argv: list[str] | None = None) -> None:
   load = loader(cfg)
   model = load(bench["target"])
   result = dict(bench=str(args.bench), config=args.config, prompts=args.prompts,
-                new_tokens=bench["new_tokens"], settings=dict(args.settings), rows=[])
+                new_tokens=bench["new_tokens"], settings=args.settings, rows=[])
   for row in rows:
     if row["method"] not in methods:
       raise ValueError(f"bench row {row['method']!r} is not a method of bench config "
                        f"{args.config!r} (its methods: {sorted(methods)})")
     m = methods[row["method"]]
     drafter, dparams = build_drafter(m.drafter, model, load, m.options, m.k, m.fields)
-    policy = dataclasses.replace(m.policy, **dict(args.settings))
+    policy = overrides.apply(m.policy, args.settings)
     ids = suites.encode(model.tokenizer, suites.suite(row["suite"], max(args.prompts,
                                                                          row["batch"])))
     b = row["batch"]
@@ -109,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                 [[row["method"], b, n, r["tok_per_s"], r["tok_per_s"] / best["tok_per_s"],
                   "/".join(map(str, r["steps"]))] for n, r in runs.items()]))
   args.out.mkdir(parents=True, exist_ok=True)
-  suffix = "".join(f"_{n}{v}" for n, v in args.settings)  # e.g. _margin0.0
+  suffix = "".join("_" + t.replace("=", "") for t in args.settings)  # e.g. _margin0
   path = args.out / f"goodput_replay_{bench['name']}{suffix}.json"
   path.write_text(json.dumps(result, indent=1) + "\n")
   print(f"wrote {path}")

@@ -48,7 +48,9 @@ def test_a_bench_without_goodput_rows_names_its_methods():
     goodput_replay.greedy_goodput_rows(bench)
 
 
-def test_set_names_the_goodput_fields():
-  assert goodput_replay._setting("margin=0") == ("margin", 0)
-  with pytest.raises(Exception, match="Goodput field.*margin.*got 'marg=0'"):
-    goodput_replay._setting("marg=0")
+def test_set_names_the_goodput_fields(tmp_path):
+  """A --set of no Goodput field fails naming it and the fields, before any model loads."""
+  bench = tmp_path / "b.json"
+  bench.write_text('{"name": "b", "rows": []}')
+  with pytest.raises(ValueError, match="Goodput has no field 'marg'.*margin"):
+    goodput_replay.main(["--bench", str(bench), "--set", "marg=0"])
