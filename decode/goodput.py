@@ -35,8 +35,13 @@ step had rows in it), towards a prior
 it is; after `probe_every` plain steps in a row the next step drafts one token, so a drafter
 that stopped paying is re-checked at the price of one short step (not a long draft on a prior
 grown optimistic again), and one that got better is noticed (the probe takes the shortest
-drafting length whose cost is finite). The choice reads only past verify
-outcomes, so output stays lossless whatever it picks.
+drafting length whose cost is finite). A probe after which the loop goes back to plain steps
+multiplies the plain steps before the next one by `probe_backoff` (up to `probe_every_max`), and
+one after which it drafts sets them back: a drafter that never pays (accepted or not, as a layer
+skip that drafts through 29 of 30 layers) costs a probe every 16 plain steps at first and ever
+fewer as the call or the stream goes on, where a fixed interval cost it a one-draft step's extra
+on every 16 plain steps for good. The choice reads only past verify outcomes, so output stays
+lossless whatever it picks.
 
 Dims: b batch, K the most drafts a step may take, c signal bins.
 """
@@ -63,6 +68,11 @@ class Goodput(Checked):
   prior_acceptance: float = field(1.0, gt=0, le=1)
   # Plain steps in a row after which the next step drafts one token (a probe of the drafter).
   probe_every: int = field(16, ge=1)
+  # What a probe followed by plain steps multiplies the plain steps before the next probe by, up
+  # to probe_every_max (1: a probe every probe_every plain steps for good); a probe followed by
+  # drafting sets them back to probe_every.
+  probe_backoff: int = field(2, ge=1, le=16)
+  probe_every_max: int = field(256, ge=1, le=1 << 20)
   # Estimates per bin of the drafter's signal (False: one estimate pooled over every row).
   signal: bool = True
   # How much more expected tokens per second a draft must promise than a plain step, and a
@@ -82,6 +92,9 @@ class Goodput(Checked):
     super().__post_init__()
     if any(a >= b for a, b in zip(self.answer_bins, self.answer_bins[1:])):
       raise ValueError(f"Goodput.answer_bins must increase, got {self.answer_bins}")
+    if self.probe_every_max < self.probe_every:
+      raise ValueError(f"Goodput.probe_every_max={self.probe_every_max} must be at least "
+                       f"probe_every={self.probe_every}")
 
   def signal_values(self, signal_bins: int) -> int:
     """Values of the drafter's signal the estimate tells apart (1: pooled, signal=False)."""
@@ -139,6 +152,7 @@ class GoodputState:
   # before it kept)
   steps: jax.Array  # [K + 1] int32 loop steps that drafted k
   plain_run: jax.Array  # [] int32 plain steps since the last one that drafted
+  probe_after: jax.Array  # [] int32 plain steps in a row before the next probe
   step_costs: jax.Array  # [K + 1] float32 seconds of a step drafting k (+inf: never)
   bins: jax.Array  # [b] int32 each row's signal bin for the next step (-1: the row is done)
   choice: jax.Array  # [] int32 the k the next step drafts: `choose` of this state
@@ -152,6 +166,7 @@ class GoodputState:
     kept, reached = estimate
     state = cls(jnp.asarray(kept, jnp.float32), jnp.asarray(reached, jnp.float32),
                 jnp.zeros((k + 1,), jnp.int32), jnp.zeros((), jnp.int32),
+                jnp.asarray(goodput.probe_every, jnp.int32),
                 jnp.asarray(step_costs, jnp.float32), jnp.asarray(bins, jnp.int32),
                 jnp.zeros((), jnp.int32))
     return state.replace(choice=choose(goodput, state))
@@ -183,13 +198,14 @@ def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
   within goodput.margin of the best length's (a length of infinite cost rates 0): a plain step
   unless some draft beats it by more than the margin, and a longer draft only where the best
   length beats every shorter one so; after probe_every plain steps in a row the shortest
-  drafting length of finite cost."""
+  drafting length of finite cost (state.probe_after of them: probe_every, or more after probes
+  that changed nothing)."""
   rows = jax.nn.one_hot(state.bins, state.kept.shape[0]).sum(0)  # [c] rows per bin (done: none)
   tokens = rows @ expected_tokens(acceptance(goodput, state))  # [K + 1] summed over rows
   rate = tokens / state.step_costs  # [K + 1]
   best = jnp.argmax(rate * (1 + goodput.margin) >= rate.max()).astype(jnp.int32)
   may_draft = jnp.isfinite(state.step_costs[1:])  # [K]
-  probe = (best == 0) & (state.plain_run >= goodput.probe_every) & may_draft.any()
+  probe = (best == 0) & (state.plain_run >= state.probe_after) & may_draft.any()
   return jnp.where(probe, 1 + jnp.argmax(may_draft).astype(jnp.int32), best)
 
 
@@ -198,20 +214,27 @@ def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
   """After a step that drafted k (static): checked [b] drafts each row's verify looked at (k, or
   fewer with an adaptive length), n_accepted [b] kept, counted in the bin each row had before
   the step (rows done before it count nothing); bins [b] the rows' bins for the next step. A
-  plain step (k = 0) leaves the estimate as it is and counts towards the next probe. The state
-  returned holds its own choice for the next step."""
+  plain step (k = 0) leaves the estimate as it is and counts towards the next probe; a probe
+  (a draft after probe_after plain steps) that leaves the choice plain lengthens the wait for
+  the next one, and a drafting step that leads to another sets it back. The state returned
+  holds its own choice for the next step."""
   steps = state.steps.at[k].add(1)
   if k == 0:
     state = state.replace(steps=steps, plain_run=state.plain_run + 1, bins=bins)
-  else:
-    pos = jnp.arange(state.kept.shape[1])[None]  # [1, K]
-    reached = (pos < checked[:, None]) & (pos <= n_accepted[:, None])  # [b, K]
-    kept = reached & (pos < n_accepted[:, None])
-    row_bin = jax.nn.one_hot(state.bins, state.kept.shape[0]).T  # [c, b], a done row all zero
-    # Only the bins this step saw decay: a bin rarely met keeps what it learnt.
-    decay = jnp.where(row_bin.any(1), goodput.decay, 1.0)[:, None]  # [c, 1]
-    state = state.replace(
-        kept=decay * state.kept + row_bin @ kept,
-        reached=decay * state.reached + row_bin @ reached,
-        steps=steps, plain_run=jnp.zeros_like(state.plain_run), bins=bins)
-  return state.replace(choice=choose(goodput, state))
+    return state.replace(choice=choose(goodput, state))
+  probed = state.plain_run >= state.probe_after  # [] bool this step was a probe
+  pos = jnp.arange(state.kept.shape[1])[None]  # [1, K]
+  reached = (pos < checked[:, None]) & (pos <= n_accepted[:, None])  # [b, K]
+  kept = reached & (pos < n_accepted[:, None])
+  row_bin = jax.nn.one_hot(state.bins, state.kept.shape[0]).T  # [c, b], a done row all zero
+  # Only the bins this step saw decay: a bin rarely met keeps what it learnt.
+  decay = jnp.where(row_bin.any(1), goodput.decay, 1.0)[:, None]  # [c, 1]
+  state = state.replace(
+      kept=decay * state.kept + row_bin @ kept,
+      reached=decay * state.reached + row_bin @ reached,
+      steps=steps, plain_run=jnp.zeros_like(state.plain_run), bins=bins)
+  choice = choose(goodput, state)
+  longer = jnp.minimum(state.probe_after * goodput.probe_backoff, goodput.probe_every_max)
+  probe_after = jnp.where(choice > 0, goodput.probe_every,
+                          jnp.where(probed, longer, state.probe_after))
+  return state.replace(probe_after=probe_after.astype(jnp.int32), choice=choice)

@@ -5,10 +5,13 @@ decoding makes every choice deterministic, so the modelled tokens/s (tokens / th
 the lengths taken) is the policy's worth on that machine's costs with neither a calibration's
 nor a round's spread: a bench row that loses to fixed k here loses by its choices. The replay
 decodes the bench config's own method (drafter, options, policy) on the first --prompts prompts
-of the row's suite at its batch; --set FIELD=VALUE replaces policy fields (margin=0, ...).
+of the row's suite at its batch; --set FIELD=VALUE replaces policy fields (margin=0, ...);
+--method NAME replays only that method's rows; --new-tokens N decodes N tokens a prompt instead
+of the bench's (longer answers: what the policy does over a long call, as its probes thin out).
 
   .venv/bin/python -m speculax.research.goodput_replay --bench results/bench_goodput_chain.json
-      [--config goodput] [--prompts 8] [--set margin=0] [--out results]
+      [--config goodput] [--prompts 8] [--set margin=0] [--method NAME] [--new-tokens N]
+      [--out results]
 """
 from __future__ import annotations
 
@@ -52,14 +55,19 @@ def replay(model, drafter, dparams, policy: Goodput, costs, groups: list[list[li
   return out
 
 
-def greedy_goodput_rows(bench: dict) -> list[dict]:
-  """The bench result's greedy rows that ran goodput (those with calibrated step costs)."""
+def greedy_goodput_rows(bench: dict, methods: list[str] | None = None) -> list[dict]:
+  """The bench result's greedy rows that ran goodput (those with calibrated step costs), of
+  `methods` only where given (each must have such a row)."""
   rows = [r for r in bench["rows"] if r.get("step_costs") and r["sampling"] == "greedy"]
   if not rows:
     raise ValueError(f"bench result {bench.get('name')!r} holds no greedy goodput row (none with "
                      f"step_costs) to replay; its methods: "
                      f"{sorted({r['method'] for r in bench['rows']})}")
-  return rows
+  missing = sorted(set(methods or ()) - {r["method"] for r in rows})
+  if missing:
+    raise ValueError(f"bench result {bench.get('name')!r} has no greedy goodput row of "
+                     f"{missing}; its goodput methods: {sorted({r['method'] for r in rows})}")
+  return [r for r in rows if not methods or r["method"] in methods]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,17 +77,24 @@ def main(argv: list[str] | None = None) -> None:
   ap.add_argument("--prompts", type=int, default=8, help="prompts of the row's suite replayed")
   ap.add_argument("--set", action="append", default=[], dest="settings", metavar="FIELD=VALUE",
                   help="a Goodput field replaced in every row's policy (core/overrides)")
+  ap.add_argument("--method", action="append", default=[], dest="methods", metavar="NAME",
+                  help="replay only this method's rows (repeatable; default: every goodput row)")
+  ap.add_argument("--new-tokens", type=int, default=None,
+                  help="tokens decoded per prompt (default: the bench's)")
   ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results"))
   args = ap.parse_args(argv)
   overrides.apply(Goodput(), args.settings)  # a bad field fails here, before any model loads
   bench = json.loads(args.bench.read_text())
-  rows = greedy_goodput_rows(bench)
+  rows = greedy_goodput_rows(bench, args.methods)
+  new_tokens = bench["new_tokens"] if args.new_tokens is None else args.new_tokens
+  if new_tokens < 1:
+    ap.error(f"--new-tokens must be at least 1, got {new_tokens}")
   cfg = load_config(args.config)
   methods = {m.name: m for m in cfg.methods}
   load = loader(cfg)
   model = load(bench["target"])
   result = dict(bench=str(args.bench), config=args.config, prompts=args.prompts,
-                new_tokens=bench["new_tokens"], settings=args.settings, rows=[])
+                new_tokens=new_tokens, settings=args.settings, rows=[])
   for row in rows:
     if row["method"] not in methods:
       raise ValueError(f"bench row {row['method']!r} is not a method of bench config "
@@ -91,8 +106,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                          row["batch"])))
     b = row["batch"]
     groups = [ids[i:i + b] for i in range(0, max(args.prompts // b, 1) * b, b)]
-    runs = replay(model, drafter, dparams, policy, row["step_costs"], groups,
-                  bench["new_tokens"])
+    runs = replay(model, drafter, dparams, policy, row["step_costs"], groups, new_tokens)
     result["rows"].append(dict(method=row["method"], batch=b, step_costs=row["step_costs"],
                                runs=runs))
     best = max((r for n, r in runs.items() if n != "goodput"), key=lambda r: r["tok_per_s"])
@@ -101,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
                   "/".join(map(str, r["steps"]))] for n, r in runs.items()]))
   args.out.mkdir(parents=True, exist_ok=True)
   suffix = "".join("_" + t.replace("=", "") for t in args.settings)  # e.g. _margin0
+  suffix += "" if args.new_tokens is None else f"_n{new_tokens}"
   path = args.out / f"goodput_replay_{bench['name']}{suffix}.json"
   path.write_text(json.dumps(result, indent=1) + "\n")
   print(f"wrote {path}")

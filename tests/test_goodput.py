@@ -47,7 +47,7 @@ def _state(kept, reached, costs=COSTS, plain_run=0, bins=(0,)):
   """One signal bin (kept, reached [K]) or several ([c, K]); one active row in bin 0."""
   as2 = lambda x: jnp.atleast_2d(jnp.asarray(x, jnp.float32))  # [c, K]
   return GoodputState(as2(kept), as2(reached), jnp.zeros((len(costs),), jnp.int32),
-                      jnp.array(plain_run), jnp.asarray(costs, jnp.float32),
+                      jnp.array(plain_run), jnp.array(16), jnp.asarray(costs, jnp.float32),
                       jnp.asarray(bins, jnp.int32), jnp.zeros((), jnp.int32))
 
 
@@ -147,6 +147,36 @@ def test_observe_counts_each_row_in_its_signal_bin():
   np.testing.assert_allclose(s.reached, [[1 + 1, 1 + 0], [4, 4], [1 + 2, 1 + 2]])
   np.testing.assert_allclose(s.kept, [[1 + 0, 0 + 0], [4, 2], [1 + 2, 1 + 1]])
   assert s.bins.tolist() == [1, 1, 0, -1]
+
+
+def test_probes_that_change_nothing_come_ever_later():
+  """A probe after which the choice stays plain doubles the plain steps before the next (up to
+  probe_every_max); one after which the loop drafts sets them back to probe_every."""
+  g = Goodput(probe_every_max=64)
+  zeros, rows = jnp.zeros((1,), jnp.int32), jnp.array([0])
+  state = _state([0.0] * 3, [40.0] * 3, plain_run=0)  # the first draft never kept
+  waits = []
+  for _ in range(4):  # plain steps until the probe, then the probe: nothing kept
+    plain = 0
+    while int(state.choice) == 0:
+      state, plain = goodput.observe(g, state, 0, zeros, zeros, rows), plain + 1
+    assert int(state.choice) == 1
+    state = goodput.observe(g, state, 1, jnp.array([1]), zeros, rows)
+    waits.append(plain)
+  assert waits == [16, 32, 64, 64], waits
+  # a probe whose draft is kept, often enough that drafting pays: the interval starts over
+  state = state.replace(plain_run=jnp.array(64), kept=jnp.array([[39.0, 0.0, 0.0]]))
+  state = goodput.observe(g, state, 1, jnp.array([1]), jnp.array([1]), rows)
+  assert int(state.choice) == 1 and int(state.probe_after) == 16
+  # backoff 1: every probe after probe_every plain steps, as before backoff
+  fixed = _state([0.0] * 3, [40.0] * 3, plain_run=16)
+  fixed = goodput.observe(Goodput(probe_backoff=1), fixed, 1, jnp.array([1]), zeros, rows)
+  assert int(fixed.choice) == 0 and int(fixed.probe_after) == 16
+
+
+def test_probe_every_max_below_probe_every_names_both():
+  with pytest.raises(ValueError, match="probe_every_max=8 must be at least probe_every=16"):
+    Goodput(probe_every_max=8)
 
 
 def test_a_longer_draft_must_beat_every_shorter_one_by_the_margin():
@@ -251,8 +281,12 @@ def test_never_accepted_settles_on_plain_decoding(tiny):
   out = _run(tiny, Contrary(), prompts=prompts)
   assert out.tokens == want
   assert out.accepted_at.sum() == 0
-  # Optimism tries k = 3 first; then plain steps, and a one-draft probe after every 16.
+  # Optimism tries k = 3 first; then plain steps, and a one-draft probe after 16, 32, 64, ...
   assert out.k_steps[0] >= 0.85 * out.k_steps.sum(), out.k_steps
+  # probes at a fixed interval: more of them over the same tokens, the same output
+  fixed = _run(tiny, Contrary(), prompts=prompts, probe_backoff=1)
+  assert fixed.tokens == want
+  assert fixed.k_steps[1] > out.k_steps[1], (fixed.k_steps, out.k_steps)
 
 
 def test_the_loop_updates_cache_and_history_in_place(tiny):

@@ -46,6 +46,10 @@ def test_a_bench_without_goodput_rows_names_its_methods():
                                   "sampling": "t=1"}]}
   with pytest.raises(ValueError, match="no greedy goodput row.*'eagle goodput', 'prompt lookup"):
     goodput_replay.greedy_goodput_rows(bench)
+  bench["rows"][1]["sampling"] = "greedy"
+  assert goodput_replay.greedy_goodput_rows(bench, ["eagle goodput"]) == [bench["rows"][1]]
+  with pytest.raises(ValueError, match=r"no greedy goodput row of \['eagle'\].*'eagle goodput'"):
+    goodput_replay.greedy_goodput_rows(bench, ["eagle"])
 
 
 def test_set_names_the_goodput_fields(tmp_path):
@@ -54,3 +58,12 @@ def test_set_names_the_goodput_fields(tmp_path):
   bench.write_text('{"name": "b", "rows": []}')
   with pytest.raises(ValueError, match="Goodput has no field 'marg'.*margin"):
     goodput_replay.main(["--bench", str(bench), "--set", "marg=0"])
+
+
+def test_new_tokens_below_one_is_a_usage_error(tmp_path, capsys):
+  bench = tmp_path / "b.json"
+  bench.write_text('{"name": "b", "new_tokens": 48, "rows": [{"method": "m", "sampling": '
+                   '"greedy", "step_costs": [1.0, 1.3]}]}')
+  with pytest.raises(SystemExit):
+    goodput_replay.main(["--bench", str(bench), "--new-tokens", "0"])
+  assert "--new-tokens must be at least 1, got 0" in capsys.readouterr().err
