@@ -193,6 +193,11 @@ def acceptance(goodput: Goodput, state: GoodputState) -> jax.Array:
   return (state.kept + goodput.prior * pooled) / (state.reached + goodput.prior)
 
 
+def probe_due(state: GoodputState) -> jax.Array:
+  """[] bool: enough plain steps in a row that a step drafting now is a probe."""
+  return state.plain_run >= state.probe_after
+
+
 def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
   """[] int32 the shortest k in 0..K whose expected tokens per second for the rows' bins come
   within goodput.margin of the best length's (a length of infinite cost rates 0): a plain step
@@ -205,7 +210,7 @@ def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
   rate = tokens / state.step_costs  # [K + 1]
   best = jnp.argmax(rate * (1 + goodput.margin) >= rate.max()).astype(jnp.int32)
   may_draft = jnp.isfinite(state.step_costs[1:])  # [K]
-  probe = (best == 0) & (state.plain_run >= state.probe_after) & may_draft.any()
+  probe = (best == 0) & probe_due(state) & may_draft.any()
   return jnp.where(probe, 1 + jnp.argmax(may_draft).astype(jnp.int32), best)
 
 
@@ -222,7 +227,7 @@ def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
   if k == 0:
     state = state.replace(steps=steps, plain_run=state.plain_run + 1, bins=bins)
     return state.replace(choice=choose(goodput, state))
-  probed = state.plain_run >= state.probe_after  # [] bool this step was a probe
+  probed = probe_due(state)  # this step was a probe (choose's condition, before it reset)
   pos = jnp.arange(state.kept.shape[1])[None]  # [1, K]
   reached = (pos < checked[:, None]) & (pos <= n_accepted[:, None])  # [b, K]
   kept = reached & (pos < n_accepted[:, None])
