@@ -204,16 +204,16 @@ def test_train_overrides_either_trainers_budget(config):
 
 
 @pytest.mark.slow
-def test_generate_json_from_a_prompts_file_is_lossless(capsys, tmp_path):
+def test_generate_json_from_a_prompts_file_is_lossless(capsys, tmp_path, tiny_chat_folder):
   """--prompts FILE, prompt lookup's n-gram flags, --rows and --json: the JSON's tokens are
-  AR's."""
+  AR's (a tiny random target in a Hugging Face folder: plumbing, not the model)."""
   prompts = tmp_path / "p.jsonl"
   prompts.write_text('{"prompt": "Count from 1 to 5."}\n{"prompt": "def f(x):", "chat": false}\n')
   outs = []
   for flags in (["--drafter", "none"], ["--drafter", "prompt-lookup", "--max-ngram", "2"],
                 ["--drafter", "prompt-lookup", "--rows", "1"]):
-    assert main(["generate", "--prompts", str(prompts), "--max-new-tokens", "8", "--json",
-                 *flags]) == 0
+    assert main(["generate", "--model", str(tiny_chat_folder), "--prompts", str(prompts),
+                 "--max-new-tokens", "8", "--json", *flags]) == 0
     captured = capsys.readouterr()
     outs.append(json.loads(captured.out))
     assert "max_ngram=" in captured.err  # the settings line, defaults included
@@ -225,12 +225,15 @@ def test_generate_json_from_a_prompts_file_is_lossless(capsys, tmp_path):
 
 
 @pytest.mark.slow
-def test_serve_bench_online_prints_the_curve_and_resumes(capsys, tmp_path):
+def test_serve_bench_online_prints_the_curve_and_resumes(capsys, tmp_path, tiny_chat_folder):
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("Name a fruit.\nName a color.\nName an animal.\nName a city.\n")
-  argv = ["serve-bench", str(prompts), "--online", "--batch-size", "2", "--max-new-tokens", "6",
-          "-k", "2", "--update-every", "2", "--min-positions", "1", "--steps", "1", "--train-batch", "1", "--seq-len",
-          "32", "--heldout-every", "0", "--checkpoint", str(tmp_path / "ckpt")]
+  # The draft: the tiny target's first 2 of 4 layers (all 4 would be the target: nothing to
+  # learn, no update round).
+  argv = ["serve-bench", str(prompts), "--model", str(tiny_chat_folder), "--online",
+          "--draft-layers", "2", "--batch-size", "2", "--max-new-tokens", "6", "-k", "2",
+          "--update-every", "2", "--min-positions", "1", "--steps", "1", "--train-batch", "1",
+          "--seq-len", "32", "--heldout-every", "0", "--checkpoint", str(tmp_path / "ckpt")]
   assert main(argv) == 0
   out = capsys.readouterr()
   assert out.out.count("acceptance") >= 3 and "round 2: loss" in out.out
@@ -245,12 +248,12 @@ def test_serve_bench_online_prints_the_curve_and_resumes(capsys, tmp_path):
 
 
 @pytest.mark.slow
-def test_serve_bench_goodput_reports_the_lengths_it_chose(capsys, tmp_path):
+def test_serve_bench_goodput_reports_the_lengths_it_chose(capsys, tmp_path, tiny_chat_folder):
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("Name a fruit.\nName a color.\nName an animal.\nName a city.\n")
-  argv = ["serve-bench", str(prompts), "--drafter", "prompt-lookup", "--goodput", "-k", "2",
-          "--carry-estimate", "--answer-bins", "3", "--batch-size", "2", "--max-new-tokens", "6",
-          "--json"]
+  argv = ["serve-bench", str(prompts), "--model", str(tiny_chat_folder), "--drafter",
+          "prompt-lookup", "--goodput", "-k", "2", "--carry-estimate", "--answer-bins", "3",
+          "--batch-size", "2", "--max-new-tokens", "6", "--json"]
   assert main(argv) == 0
   out = capsys.readouterr()
   assert "k'=0..2: " in out.err  # each batch line says the lengths it drafted
