@@ -36,21 +36,14 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def tiny_chat_folder(tmp_path_factory):
-  """A Hugging Face folder of a random 4-layer, 64-wide Llama with SmolLM2's vocabulary,
-  tokenizer and chat template, for CLI tests of plumbing (flags, JSON, losslessness, serving
-  reports): its programs compile in a fraction of the real model's time."""
-  import dataclasses
-
-  from speculax.models import assets
+  """A Hugging Face folder of the accelerator suite's smoke target (a random 4-layer, 64-wide
+  Llama with SmolLM2's vocabulary, tokenizer and chat template), for CLI tests of plumbing
+  (flags, JSON, losslessness, serving reports): its programs compile in a fraction of the real
+  model's time."""
   from speculax.models.export import export
-  from speculax.models.load import LoadedModel
-  from speculax.models.tokenizer import Tokenizer
-  cfg = dataclasses.replace(get_preset("smollm2-135m"), d_model=64, n_layers=4, n_heads=4,
-                            n_kv_heads=2, head_dim=16, d_ff=128)
-  model = LoadedModel(cfg, llama.init_params(cfg, jax.random.key(0)),
-                      Tokenizer.from_gguf(assets.smollm2_gguf_path()))
+  from speculax.research.accelerator_suite import smoke_target
   folder = tmp_path_factory.mktemp("tiny-chat")
-  export(model, folder, dtype="float32")
+  export(smoke_target(), folder, dtype="float32")
   return folder
 
 
