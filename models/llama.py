@@ -203,9 +203,11 @@ def lm_head(params: Params, config: LlamaConfig, features: jax.Array) -> jax.Arr
   return jnp.einsum("...d,dv->...v", features, params["lm_head"]).astype(jnp.float32)
 
 
+@functools.partial(jax.jit, static_argnames="config")
 def init_params(config: LlamaConfig, key: jax.Array) -> Params:
-  """Random params (plain arrays, boxes removed)."""
-  return jax.jit(lambda k: nn.unbox(_init_boxed(config, k)))(key)
+  """Random params (plain arrays, boxes removed), compiled once per config (a jitted lambda
+  made per call compiled on every call: ~1 s each for a tiny model on CPU)."""
+  return nn.unbox(_init_boxed(config, key))
 
 
 def param_axes(config: LlamaConfig):

@@ -1,5 +1,7 @@
 """EAGLE drafter: lossless chains/trees/adaptive length, its cache against a recomputation, the
 training-time-test rollouts against decode-time drafting, training, bad input."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -94,6 +96,12 @@ def test_eagle_cache_matches_a_recomputation(tiny, mode):
   assert int(out.drafter_state.cache.lengths[0]) == len(seq) - 1
 
 
+@functools.partial(jax.jit, static_argnames=("drafter", "cfg"))
+def _train_logits(drafter, dparams, params, cfg, batch):
+  """The drafter's training logits [b, t, J, v], jitted (op by op each op compiles apart)."""
+  return drafter.train_outputs(dparams, params, cfg, batch, jax.random.key(0))["logits"]
+
+
 def test_training_time_test_matches_decode_time_drafting(tiny):
   """Step s of the training rollout from r gives the logits chain drafting gives at its s-th
   draft after the real entries up to r, with the same (teacher-forced) tokens (two draft layers:
@@ -106,17 +114,21 @@ def test_training_time_test_matches_decode_time_drafting(tiny):
   _, hidden, _ = llama.forward_jit(params, cfg, tokens, jnp.arange(t)[None],
                                    hidden_layers=drafter.hidden_layers)
   batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.ones((1, t))}
-  train = drafter.train_outputs(dparams, params, cfg, batch, jax.random.key(0))["logits"]
+  train = _train_logits(drafter, dparams, params, cfg, batch)
+  # Jitted: op by op, the rollout compiled each op apart (~35 s of the test's time).
+  init = jax.jit(drafter.init, static_argnums=(2, 3))
+  step = jax.jit(eagle._step, static_argnums=2)
+  head = jax.jit(llama.lm_head, static_argnums=1)
   for r in (2, 6):
     view = TargetView(params, None, jnp.pad(tokens, ((0, 0), (0, 8))), jnp.asarray([r + 2]),
                       prompt_hidden=hidden[:, :, :r + 1])
-    state = drafter.init(dparams, view, cfg, 32)  # real entries 0..r; pending token r + 1
+    state = init(dparams, view, cfg, 32)  # real entries 0..r; pending token r + 1
     feature, cache = state.feature, state.cache
     for s in range(1, 4):
-      np.testing.assert_allclose(train[0, r, s - 1], llama.lm_head(params, cfg, feature)[0],
+      np.testing.assert_allclose(train[0, r, s - 1], head(params, cfg, feature)[0],
                                  rtol=2e-4, atol=2e-4)
-      a, cache = eagle._step(dparams, params, cfg, feature[:, None], tokens[:, r + s + 1, None],
-                             jnp.asarray([[r + s]]), cache, jnp.ones((1, 1, 1), bool))
+      a, cache = step(dparams, params, cfg, feature[:, None], tokens[:, r + s + 1, None],
+                      jnp.asarray([[r + s]]), cache, jnp.ones((1, 1, 1), bool))
       feature = a[:, 0]
 
 
@@ -133,7 +145,7 @@ def test_eagle3_grows_from_an_eagle_drafter(tiny):
     _, hidden, _ = llama.forward_jit(params, cfg, tokens, jnp.arange(14)[None],
                                      hidden_layers=drafter.hidden_layers)
     batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.ones((1, 14))}
-    return drafter.train_outputs(dparams, params, cfg, batch, jax.random.key(0))["logits"]
+    return _train_logits(drafter, dparams, params, cfg, batch)
 
   np.testing.assert_allclose(logits(three, grown), logits(one, p1), rtol=1e-5, atol=1e-5)
   averaged = {**p1, "fuse": three.init_params(cfg)["fuse"]}  # the fresh init: a mean of features
@@ -153,7 +165,7 @@ def test_two_layers_grow_from_one(tiny):
   tokens = jnp.asarray([sum(PROMPTS, [])[:14]])
   _, hidden, _ = llama.forward_jit(params, cfg, tokens, jnp.arange(14)[None], hidden_layers=(-1,))
   batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.ones((1, 14))}
-  logits = lambda d, p: d.train_outputs(p, params, cfg, batch, jax.random.key(0))["logits"]
+  logits = lambda d, p: _train_logits(d, p, params, cfg, batch)
   np.testing.assert_allclose(logits(two, grown), logits(one, p1), rtol=1e-5, atol=1e-5)
   trained = {**grown, "layer1": _params(cfg, params, two, seed=5)["layer1"]}
   assert not np.allclose(logits(two, trained), logits(one, p1), atol=1e-3)
@@ -220,7 +232,7 @@ def test_bad_eagle_input(tiny):
 def test_eagle_learns_the_target_and_its_acceptance(tiny, drafter):
   """Self-distillation on target features: held-out acceptance of every trained depth rises and
   the acceptance head's loss falls; the target stays frozen."""
-  from speculax.train.distill import init_state, train_step
+  from speculax.train.distill import eval_metrics, init_state, train_step
   from speculax.train.heads import HeadsConfig
   from speculax.train.optim import OptimConfig
   cfg, params = tiny
@@ -239,10 +251,10 @@ def test_eagle_learns_the_target_and_its_acceptance(tiny, drafter):
   train, held = batch(), batch()
   frozen = jax.tree.map(np.copy, params)
   state = init_state(_params(cfg, params, drafter), heads)
-  _, before = heads.objective(state.params, cfg, held, jax.random.key(0), params)
+  before = eval_metrics(state.params, cfg, heads, held, params)
   for _ in range(heads.optim.total_steps):
     state, _ = train_step(state, train, cfg, heads, params)
-  _, after = heads.objective(state.params, cfg, held, jax.random.key(0), params)
+  after = eval_metrics(state.params, cfg, heads, held, params)
   for j in range(1, drafter.ttt_steps + 1):
     assert after[f"acceptance/depth{j}"] > before[f"acceptance/depth{j}"] + 0.01, j
     assert after[f"acceptance_head_bce/depth{j}"] < before[f"acceptance_head_bce/depth{j}"], j

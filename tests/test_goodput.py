@@ -401,7 +401,8 @@ def test_generated_tokens_follow_target():
   # the better buy: one step of each.
   g = Goodput(decay=0.5)
   out = speculative_generate(target, cfg, [sampling_test.PROMPT] * rows, DraftModel(cfg),
-                             SpecConfig(k=2, max_new_tokens=3, sampling=sampling, goodput=g),
+                             SpecConfig(k=2, max_new_tokens=3, sampling=sampling, goodput=g,
+                                        prompt_bucket=sampling_test.BUCKET),
                              drafter_params=draft, key=jax.random.key(0),
                              step_costs=(1.0, 1.9, 2.0))
   toks = np.array(out.tokens)

@@ -222,7 +222,8 @@ def test_generated_tokens_follow_target(models, rule, temperature):
   cfg, rows = sampling_test.CFG, sampling_test.ROWS
   out = speculative_generate(target, cfg, [sampling_test.PROMPT] * rows,
                              MultiDraftModel(cfg, n=3, rule=rule),
-                             SpecConfig(k=2, max_new_tokens=3, sampling=sampling),
+                             SpecConfig(k=2, max_new_tokens=3, sampling=sampling,
+                                        prompt_bucket=sampling_test.BUCKET),
                              drafter_params=draft, key=jax.random.key(0))
   toks = np.array(out.tokens)
   for i in range(3):

@@ -144,7 +144,8 @@ def test_generated_tokens_follow_target():
   exact = _laws4(target, sampling)
   cfg = sampling_test.CFG
   out = pearl_generate(target, cfg, [sampling_test.PROMPT] * sampling_test.ROWS, DraftModel(cfg),
-                       SpecConfig(k=2, max_new_tokens=4, sampling=sampling), draft,
+                       SpecConfig(k=2, max_new_tokens=4, sampling=sampling,
+                                  prompt_bucket=sampling_test.BUCKET), draft,
                        key=jax.random.key(0))
   toks = np.array(out.tokens)
   for i in range(4):
