@@ -224,10 +224,17 @@ def test_generate_json_from_a_prompts_file_is_lossless(capsys, tmp_path, tiny_ch
   assert len(lookup["acceptance"]) == 5 and lookup["new_tokens"] == 16
 
 
+@pytest.fixture
+def prompts(tmp_path):
+  """A file of four short requests, one per line, for the serve-bench tests."""
+  path = tmp_path / "prompts.txt"
+  path.write_text("Name a fruit.\nName a color.\nName an animal.\nName a city.\n")
+  return path
+
+
 @pytest.mark.slow
-def test_serve_bench_online_prints_the_curve_and_resumes(capsys, tmp_path, tiny_chat_folder):
-  prompts = tmp_path / "prompts.txt"
-  prompts.write_text("Name a fruit.\nName a color.\nName an animal.\nName a city.\n")
+def test_serve_bench_online_prints_the_curve_and_resumes(capsys, tmp_path, tiny_chat_folder,
+                                                        prompts):
   # The draft: the tiny target's first 2 of 4 layers (all 4 would be the target: nothing to
   # learn, no update round).
   argv = ["serve-bench", str(prompts), "--model", str(tiny_chat_folder), "--online",
@@ -248,9 +255,7 @@ def test_serve_bench_online_prints_the_curve_and_resumes(capsys, tmp_path, tiny_
 
 
 @pytest.mark.slow
-def test_serve_bench_goodput_reports_the_lengths_it_chose(capsys, tmp_path, tiny_chat_folder):
-  prompts = tmp_path / "prompts.txt"
-  prompts.write_text("Name a fruit.\nName a color.\nName an animal.\nName a city.\n")
+def test_serve_bench_goodput_reports_the_lengths_it_chose(capsys, tiny_chat_folder, prompts):
   argv = ["serve-bench", str(prompts), "--model", str(tiny_chat_folder), "--drafter",
           "prompt-lookup", "--goodput", "-k", "2", "--carry-estimate", "--answer-bins", "3",
           "--batch-size", "2", "--max-new-tokens", "6", "--json"]
