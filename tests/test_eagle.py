@@ -98,7 +98,7 @@ def test_eagle_cache_matches_a_recomputation(tiny, mode):
 
 @functools.partial(jax.jit, static_argnames=("drafter", "cfg"))
 def _train_logits(drafter, dparams, params, cfg, batch):
-  """The drafter's training logits [b, t, J, v], jitted (op by op each op compiles apart)."""
+  """The drafter's training logits [b, t, J, v], jitted (run op by op, each op compiles apart)."""
   return drafter.train_outputs(dparams, params, cfg, batch, jax.random.key(0))["logits"]
 
 
