@@ -20,6 +20,8 @@ from speculax.train import losses
 from speculax.train.heads import HeadsConfig
 from speculax.train.optim import OptimConfig
 
+from test_eagle import _train_logits
+
 TOP_K = 16
 
 
@@ -97,8 +99,7 @@ def test_trimmed_training_scores_the_serving_law(tiny, drafter):
   frozen = {**params, vocab_trim.TRIM: trim}
   objective = jax.jit(lambda p, frozen, batch: heads.objective(p, cfg, batch, key, frozen))
   loss, got = objective(heads_params, frozen, batch)
-  full = jax.jit(lambda p, frozen, batch: drafter.train_outputs(p, frozen, cfg, batch, key))(
-      heads_params, params, batch)["logits"]  # [b, t, J, v]
+  full = _train_logits(drafter, heads_params, params, cfg, batch)  # [b, t, J, v]
   served = jnp.full_like(full, -jnp.inf).at[..., kept].set(full[..., kept])
   teacher = losses.teacher_logprobs_from_topk(batch["ids"], batch["logprobs"], cfg.vocab_size)
   t = tokens.shape[1]
@@ -108,8 +109,7 @@ def test_trimmed_training_scores_the_serving_law(tiny, drafter):
                                         jnp.ones((4, t - j)))
     np.testing.assert_allclose(got[f"acceptance/depth{j}"], want, rtol=1e-5)
     assert abs(float(want) - float(untrimmed)) > 1e-3  # trimming changed the law measured
-  grads = jax.jit(jax.grad(lambda p, frozen, batch: objective(p, frozen, batch)[0]))(
-      heads_params, frozen, batch)
+  grads = jax.jit(jax.grad(lambda *args: objective(*args)[0]))(heads_params, frozen, batch)
   assert np.isfinite(float(loss)) and all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 
