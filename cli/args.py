@@ -75,6 +75,9 @@ def add_drafter(p: argparse.ArgumentParser, default: str, allow_none: bool, k: i
   p.add_argument("--rule", default=None, choices=tuple(multi_draft.RULES),
                  help="multi-draft-model: how the first level is verified, which fixes how its "
                       "drafts are drawn (default greedy: top n-1 plus one sampled, optimal)")
+  p.add_argument("--max-lag", type=count(0), default=None, metavar="N",
+                 help="eagle, draft-model with --goodput: plain steps whose tokens the drafter "
+                      "feeds in one block before its next draft (default 16; 0: every step)")
   p.add_argument("--stop-threshold", type=float, default=None, metavar="P",
                  help="eagle trained with an acceptance head: SpecDec++ adaptive length, a "
                       "chain stops once P(some draft rejected) exceeds P, in (0, 1)")
@@ -90,7 +93,8 @@ def add_drafter(p: argparse.ArgumentParser, default: str, allow_none: bool, k: i
 
 def drafter_options(args) -> tuple[dict, dict]:
   """(registry.make options, drafter fields) the flags set; None: not set. The fields are the
-  settings no build option takes (SpecDec++'s stop threshold, a multi-draft model's n and rule)."""
+  settings no build option takes (SpecDec++'s stop threshold, a multi-draft model's n and rule,
+  the plain steps fed in one block)."""
   skip = None if args.skip is None else ints(args.skip, "--skip")
   options = {"tree": args.tree, "heads": args.heads, "skip": skip, "draft": args.draft_model,
              "draft_layers": args.draft_layers, "adapt": args.adapt,
@@ -98,6 +102,7 @@ def drafter_options(args) -> tuple[dict, dict]:
              "vocab_trim": args.vocab_trim, "vocab_ids": args.vocab_ids,
              "exit_threshold": args.exit_threshold}
   fields = {name: value for name, value in (("stop_threshold", args.stop_threshold),
+                                            ("max_lag", args.max_lag),
                                             ("n", args.drafts), ("rule", args.rule))
             if value is not None}
   return options, fields

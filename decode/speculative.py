@@ -132,17 +132,26 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
               state: SpecState, watch: jax.Array) -> SpecState:
   """Steps of spec.k drafts until every row is done or a watched one [b] bool is; with
   spec.goodput each step drafts the k' in 0..k it picks, each k' its own program (a shorter
-  draft pays only its own drafting and forward)."""
+  draft pays only its own drafting and forward), and a drafter with max_lag catches up on the
+  plain steps' tokens in one block before it drafts again, or once max_lag of them wait."""
   step = functools.partial(_step, params, dparams, config, spec, drafter)
   running = lambda s: engine.running(s.done, watch)
   if spec.goodput is None:
     return jax.lax.while_loop(running, functools.partial(step, spec.k), state)
   choice = lambda s: s.goodput.choice  # made by the step before (goodput.observe)
+  view = lambda s: TargetView(params, s.cache, s.history, s.lengths)
+  lag = lambda s: jnp.where(s.done, 0, drafter.lag(s.drafter, view(s)))  # [b]
+  catch_up = lambda s: s.replace(drafter=drafter.catch_up(dparams, s.drafter, view(s)))
 
   def segments(s):  # for k = 0..K in turn, steps of k drafts while k is the choice
     for k in range(spec.k + 1):
       same = lambda s, k=k: running(s) & (choice(s) == k)
+      if k == 0 and drafter.max_lag:  # plain steps while the drafter's backlog has room
+        same = lambda s, plain=same: plain(s) & jnp.all(lag(s) < drafter.max_lag)
       s = jax.lax.while_loop(same, functools.partial(step, k), s)
+      if k == 0 and drafter.max_lag:  # a loop run once or never: a cond would copy the
+        # drafter's cache (see below); an empty backlog costs no block forward
+        s = jax.lax.while_loop(lambda s: jnp.any(lag(s) > 0), catch_up, s)
     return s
 
   # A chain of loops, not a switch among them: XLA copies every buffer a conditional updates in

@@ -129,7 +129,25 @@ class Drafter(Checked, abc.ABC):
     """k draft tokens (or the tree's nodes) continuing each row of view.history."""
 
   def update(self, params, state, view: TargetView, verified: Verified) -> Any:
-    """After verification: view has the new history and lengths."""
+    """After verification: view has the new history and lengths. With max_lag, a plain step's
+    (verified.plain) tokens may wait for `catch_up` instead of being fed."""
+    return state
+
+  # --- what goodput's plain steps read (decode/speculative.py) ---
+  # Goodput's plain steps (k = 0) in a row whose tokens the drafter may leave unfed, to feed
+  # them all in one block (`catch_up`) before it next drafts: a plain step then costs the
+  # target's forward alone and a run of them one block forward of the drafter, where feeding
+  # each step costs a forward of the drafter per step. 0: `update` feeds every step (drafters
+  # with no forward of their own to keep current). A field where supported; a state the loop
+  # returns may lag (`catch_up` brings it level).
+  max_lag: int = 0
+
+  def lag(self, state, view: TargetView) -> jax.Array:
+    """[b] int32 tokens plain steps left unfed (0 without max_lag; at most max_lag)."""
+    return jnp.zeros(view.lengths.shape, jnp.int32)
+
+  def catch_up(self, params, state, view: TargetView) -> Any:
+    """The state with every token plain steps left unfed fed (lag 0), on prepared params."""
     return state
 
   # --- what goodput-driven draft length reads (decode/goodput.py) ---

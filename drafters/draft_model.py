@@ -34,6 +34,7 @@ class DraftModel(Drafter):
   tree: Tree | None = None  # None: a chain of k drafts
   vocab_trim: int = field(0, ge=0)  # VocabTrim: the N most frequent target tokens (0: all)
   exit_threshold: float | None = field(None, gt=0, lt=1)  # Kangaroo early exit (chains)
+  max_lag: int = field(16, ge=0, le=256)  # goodput's plain steps fed in one block (Drafter)
 
   @classmethod
   def build(cls, params, config, *, draft=None, draft_layers: int = 4,
@@ -89,10 +90,29 @@ class DraftModel(Drafter):
 
   def update(self, params, state: KVCache, view: TargetView, verified: Verified):
     if verified.plain:  # propose fed nothing this step: the pending token it verified goes
-      # into the draft cache now (no logits needed)
-      b = verified.block.shape[0]
-      _, _, state = llama.forward(params, self.config, verified.block, state.lengths[:, None],
-                                  state, logits_at=jnp.zeros((b, 0), jnp.int32))
-    elif self.tree is not None:  # the kept path's K/V into contiguous slots after the root's
+      # into the draft cache now, or with max_lag at the next catch_up (history holds it)
+      return state if self.max_lag else self._feed(params, state, verified.block, view)
+    if self.tree is not None:  # the kept path's K/V into contiguous slots after the root's
       state = state.gather_path(state.lengths, verified.path)
+    return state.with_lengths(view.lengths - 1)
+
+  def lag(self, state: KVCache, view: TargetView) -> jax.Array:
+    return view.lengths - 1 - state.lengths
+
+  def catch_up(self, params, state: KVCache, view: TargetView) -> KVCache:
+    """Feeds the history tokens plain steps left as one block of max_lag (those past the lag
+    land beyond the new length)."""
+    if not self.max_lag:
+      return state
+    slots = state.lengths[:, None] + jnp.arange(self.max_lag)  # [b, max_lag]
+    rows = jnp.arange(slots.shape[0])[:, None]
+    return self._feed(params, state,
+                      view.history[rows, jnp.minimum(slots, view.history.shape[1] - 1)], view)
+
+  def _feed(self, params, state: KVCache, tokens: jax.Array, view: TargetView) -> KVCache:
+    """tokens [b, t] into the cache from its length on (no logits); it ends at the pending
+    token's slot."""
+    _, _, state = llama.forward(params, self.config, tokens,
+                                state.lengths[:, None] + jnp.arange(tokens.shape[1]), state,
+                                logits_at=jnp.zeros((tokens.shape[0], 0), jnp.int32))
     return state.with_lengths(view.lengths - 1)

@@ -23,7 +23,9 @@ next entry reads (a_i, e(draft)).
 The drafter's cache holds the real entries 0 .. P - 1 (P the pending token's position: entry
 P - 1 pairs the target's last feature with the pending token), and its state keeps a at P - 1,
 whose logits give the first draft. Drafted entries go at P, P + 1, ... and are overwritten by
-the next update, which feeds the kept path's target features.
+the next update, which feeds the kept path's target features. Goodput's plain steps (`max_lag`)
+keep their target features in a backlog instead, fed as one block before the next draft: the
+cache then holds the entries before the backlog's first slot.
 
 Dims: b batch, t time, l feature layers, d model, v vocab, s ttt steps.
 """
@@ -54,6 +56,9 @@ from speculax.models.kvcache import KVCache
 class EagleState:
   cache: KVCache  # the draft layer's cache; lengths = P, the pending token's position
   feature: jax.Array  # [b, d] a at P - 1: its logits give the first draft
+  # [l, b, max_lag, d] target features of the entries plain steps left unfed, from slot
+  # cache.lengths on (None without max_lag)
+  backlog: jax.Array | None
   config: object = flax.struct.field(pytree_node=False)  # the target's LlamaConfig (static)
 
 
@@ -74,6 +79,7 @@ class Eagle(Drafter):
   exit_threshold: float | None = field(None, gt=0, lt=1)  # Kangaroo early exit (chains)
   # Decoder layers of the drafter (params "layer", then "layer1", "layer2", ...).
   draft_layers: int = field(1, ge=1, le=8)
+  max_lag: int = field(16, ge=0, le=256)  # goodput's plain steps fed in one block (Drafter)
 
   def __post_init__(self):
     super().__post_init__()
@@ -164,7 +170,9 @@ class Eagle(Drafter):
     a, cache = _step(params, view.params, config, _fuse(params, f), view.history[:, 1:t + 1],
                      llama.row_positions(b, t), cache, llama.causal_mask(b, t))
     pending = view.lengths - 1  # [b]
-    return EagleState(cache.with_lengths(pending), a[jnp.arange(b), pending - 1], config)
+    backlog = (jnp.zeros((f.shape[0], b, self.max_lag, f.shape[-1]), f.dtype)
+               if self.max_lag else None)
+    return EagleState(cache.with_lengths(pending), a[jnp.arange(b), pending - 1], backlog, config)
 
   def propose(self, params, state: EagleState, view: TargetView, key, config, k: int,
               sampling: SamplingConfig):
@@ -229,18 +237,23 @@ class Eagle(Drafter):
     return Draft(tokens, q, parents)
 
   def update(self, params, state: EagleState, view: TargetView, verified: Verified) -> EagleState:
-    """Feeds the kept path's real entries (target feature, next kept token) from slot P on."""
-    root = state.cache.lengths  # [b] P before this step
-    b, m = verified.path.shape  # m = depth + 1
+    """Feeds the kept path's real entries (target feature, next kept token) from slot P on; a
+    plain step's entry (slot P - 1 now) goes to the backlog instead, with max_lag."""
+    b = verified.path.shape[0]
     rows = jnp.arange(b)[:, None]
-    f = verified.hidden[:, rows, verified.path]  # [l, b, m, d]
-    slots = root[:, None] + jnp.arange(m)  # [b, m]
-    nxt = view.history[rows, jnp.minimum(slots + 1, view.history.shape[1] - 1)]  # [b, m]
-    a, cache = _step(params, view.params, state.config, _fuse(params, f), nxt, slots,
-                     state.cache, llama.causal_mask(b, m))
-    pending = view.lengths - 1  # [b] new P; entry pending - 1 is the last kept one
-    last = jnp.clip(pending - 1 - root, 0, m - 1)
-    return state.replace(cache=cache.with_lengths(pending), feature=a[jnp.arange(b), last])
+    f = verified.hidden[:, rows, verified.path]  # [l, b, m, d], m = depth + 1
+    if verified.plain and self.max_lag:
+      at = view.lengths - 2 - state.cache.lengths  # [b] (a finished row's lands anywhere)
+      return state.replace(backlog=state.backlog.at[:, rows[:, 0], at].set(f[:, :, 0]))
+    return _feed(params, state, view, f)
+
+  def lag(self, state: EagleState, view: TargetView) -> jax.Array:
+    return view.lengths - 1 - state.cache.lengths
+
+  def catch_up(self, params, state: EagleState, view: TargetView) -> EagleState:
+    """Feeds the backlog's entries as one block of max_lag (those past the lag land beyond the
+    new length, as a verify block's rejected entries do)."""
+    return state if state.backlog is None else _feed(params, state, view, state.backlog)
 
   # ----- training -----
 
@@ -288,6 +301,25 @@ def ttt_mask(t: int, s: int) -> np.ndarray:
   real = (sk == 1) & (j <= i - sq + 1)
   own = (sk >= 2) & (sk <= sq) & (j == i - (sq - sk))
   return real | own
+
+
+def _feed(params, state: EagleState, view: TargetView, f: jax.Array) -> EagleState:
+  """Feeds real entries from slot P0 = state.cache.lengths on: target features f [l, b, m, d]
+  at slots P0 .. P0 + m - 1, each with the history token after it; the cache ends at the
+  pending token's slot and the state's feature is a at the last real entry (kept where none
+  was fed)."""
+  root = state.cache.lengths  # [b] P0
+  b, m = f.shape[1:3]
+  rows = jnp.arange(b)[:, None]
+  slots = root[:, None] + jnp.arange(m)  # [b, m]
+  nxt = view.history[rows, jnp.minimum(slots + 1, view.history.shape[1] - 1)]  # [b, m]
+  a, cache = _step(params, view.params, state.config, _fuse(params, f), nxt, slots,
+                   state.cache, llama.causal_mask(b, m))
+  pending = view.lengths - 1  # [b] new P; entry pending - 1 is the last real one
+  last = pending - 1 - root  # [b] its index in the block (-1: nothing fed)
+  feature = a[jnp.arange(b), jnp.clip(last, 0, m - 1)]
+  return state.replace(cache=cache.with_lengths(pending),
+                       feature=jnp.where((last >= 0)[:, None], feature, state.feature))
 
 
 def _entries(params, frozen, config, g, tokens):

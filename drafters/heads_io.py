@@ -32,9 +32,9 @@ from speculax.models.config import LlamaConfig
 
 FORMAT = "speculax-head-drafter-v1"
 SPEC, PARAMS, ORDER = "drafter.json", "drafter_params", "vocab_ids.npy"
-# Decode-time choices, not saved: what a drafter drafts (tree), how much vocabulary it scores
-# and when a chain exits early.
-DECODE_FIELDS = ("tree", "vocab_trim", "exit_threshold")
+# Decode-time choices, not saved: what a drafter drafts (tree), how much vocabulary it scores,
+# when a chain exits early and how many plain steps it feeds in one block.
+DECODE_FIELDS = ("tree", "vocab_trim", "exit_threshold", "max_lag")
 
 
 def save_drafter(folder: str | os.PathLike, drafter, params, target: str,

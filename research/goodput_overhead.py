@@ -1,10 +1,12 @@
 """What goodput-driven draft length costs: the goodput loop forced to k' = 0 on every step (a
 cost model where any draft is dear) against the autoregressive loop, and forced to k' = 1
 against the fixed k = 1 loop (the same tokens: the gap is goodput's bookkeeping), on the same
-prompts `--batch` at a time, interleaved, compile apart. The drafter still sees every plain
-step (a draft model or EAGLE feeds the verified token into its own cache), so its share shows
-here. Prints the median milliseconds of a loop step (prefill apart) and writes JSON. The
-accelerator suite's `loops` section runs the same set on a GPU.
+prompts `--batch` at a time, interleaved, compile apart. A drafter with its own forward to keep
+current (a draft model, EAGLE) feeds plain steps' tokens in blocks of `max_lag` before its next
+draft; for one, the loop forced to k' = 0 also runs with max_lag = 0 (its forward on every plain
+step: "fed each step"), so what the blocks save shows here. Prints the median milliseconds of a
+loop step (prefill apart) and writes JSON. The accelerator suite's `loops` section runs the same
+set on a GPU.
 
 --calibrations N: then N calibrations (decode/calibrate.py, as `speculax generate --goodput`
 runs it) on the first batch, each one's step costs in its own plain steps beside the forced
@@ -37,11 +39,12 @@ def overhead_runs(params, config, prompts, drafter, dparams, k: int, new_tokens:
                   label: str) -> dict:
   """The loops compared, by name, each a call that decodes prompts once (compiled apart):
   autoregressive, the goodput loop (k' <= k) forced to k' = 0 and to k' = 1 on every step (a
-  forced loop that drafted another length raises), and fixed k = 1 ("<label> k=1")."""
+  forced loop that drafted another length raises), fixed k = 1 ("<label> k=1"), and for a
+  drafter with max_lag the loop forced to k' = 0 feeding it every plain step."""
   base = SpecConfig(k=k, max_new_tokens=new_tokens, eos_ids=())
   good = dataclasses.replace(base, goodput=Goodput())
 
-  def forced(n):
+  def forced(n, drafter=drafter):
     def run():
       out = speculative_generate(params, config, prompts, drafter, good, dparams, warmup=True,
                                  step_costs=forcing(n, k + 1))
@@ -50,11 +53,15 @@ def overhead_runs(params, config, prompts, drafter, dparams, k: int, new_tokens:
       return out
     return run
 
-  return {"autoregressive": lambda: generate(params, config, prompts, base, warmup=True),
+  runs = {"autoregressive": lambda: generate(params, config, prompts, base, warmup=True),
           "goodput forced k'=0": forced(0), "goodput forced k'=1": forced(1),
           f"{label} k=1": lambda: speculative_generate(
               params, config, prompts, drafter, dataclasses.replace(base, k=1), dparams,
               warmup=True)}
+  if drafter.max_lag:
+    runs["goodput forced k'=0, fed each step"] = forced(0, dataclasses.replace(drafter,
+                                                                               max_lag=0))
+  return runs
 
 
 def interleaved(runs: dict, rounds: int) -> tuple[dict, dict]:

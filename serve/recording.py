@@ -51,6 +51,16 @@ class Recording(Drafter):
   def verifier(self):
     return self.drafter.verifier()
 
+  @property
+  def max_lag(self) -> int:
+    return self.drafter.max_lag
+
+  def lag(self, state: RecordState, view: TargetView) -> jax.Array:
+    return self.drafter.lag(state.inner, view)
+
+  def catch_up(self, params, state: RecordState, view: TargetView) -> RecordState:
+    return state.replace(inner=self.drafter.catch_up(params, state.inner, view))
+
   def check(self, target, params, k: int) -> None:
     if not 1 <= self.top_k <= target.vocab_size:
       raise ValueError(f"recording top_k must be in [1, vocab size {target.vocab_size}], "

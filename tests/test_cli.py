@@ -71,6 +71,8 @@ MALFORMED = [
     (["generate", "--drafter", "prompt-lookup", "--stop-threshold", "0.5"],
      "prompt-lookup takes no --stop-threshold"),
     (["generate", "--drafter", "draft-model", "--drafts", "3"], "draft-model takes no --drafts"),
+    (["generate", "--drafter", "layer-skip", "--max-lag", "4"], "layer-skip takes no --max-lag"),
+    (["generate", "--drafter", "eagle", "--max-lag", "-1"], "must be an int >= 0, got -1"),
     (["generate", "--drafter", "multi-draft-model", "--rule", "best"],
      "argument --rule: invalid choice: 'best'"),
     (["generate", "--prompt", "hi", "--prompts", "{stream}"], "--prompt or --prompts FILE, not both"),

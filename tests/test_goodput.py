@@ -342,12 +342,20 @@ def test_signal_bins_skip_the_drafts_they_predict_rejected(tiny, tiny_reference)
 
 
 def test_eagle_goodput_equals_target_only(tiny, tiny_reference):
-  """EAGLE's goodput loop (its plain steps feed the verified token through its layer): the
-  target's own greedy tokens, with steps of several lengths."""
+  """EAGLE's goodput loop: the target's own greedy tokens, with steps of several lengths; its
+  plain steps fed in blocks before the next draft (max_lag) or each through its layer, the
+  same lengths chosen and drafts kept, and (caught up) the same drafter state."""
   cfg, params = tiny
-  out = _run(tiny, Eagle(), eagle_params(cfg, params, Eagle()), new=NEW, decay=0.6)
+  drafter = Eagle()
+  dparams = eagle_params(cfg, params, drafter)
+  (lazy, out), (eager, _) = (_loop(tiny, dataclasses.replace(drafter, max_lag=m), dparams,
+                                   PROMPTS[:4], NEW, COSTS, decay=0.6) for m in (16, 0))
   assert out.tokens == [list(t) for t in tiny_reference[:4]]
-  assert (out.k_steps > 0).sum() >= 2, out.k_steps
+  np.testing.assert_array_equal(lazy.history, eager.history)
+  assert (lazy.goodput.steps > 0).sum() >= 2 and lazy.goodput.steps[0] > 0, lazy.goodput.steps
+  np.testing.assert_array_equal(lazy.goodput.steps, eager.goodput.steps)
+  np.testing.assert_array_equal(lazy.accepted_at, eager.accepted_at)
+  _assert_caught_up(tiny, drafter, dparams, lazy, eager)
 
 
 def test_mixed_lengths_with_a_draft_model_equal_target_only(tiny, tiny_reference):
@@ -360,11 +368,13 @@ def test_mixed_lengths_with_a_draft_model_equal_target_only(tiny, tiny_reference
   assert out.k_steps[0] > 0 and out.k_steps[1:].sum() > 0, out.k_steps
 
 
-def test_draft_model_catches_up_after_a_plain_step(tiny):
+@pytest.mark.parametrize("max_lag", [0, 16])
+def test_draft_model_catches_up_after_a_plain_step(tiny, max_lag):
   """After a step that drafted nothing, the draft cache holds the verified token's K/V exactly
-  as a prefill over the longer history gives it."""
+  as a prefill over the longer history gives it: fed by `update` (max_lag 0), or left to
+  `catch_up` (the loop's block after plain steps)."""
   cfg, params = tiny
-  drafter = DraftModel(cfg)
+  drafter = DraftModel(cfg, max_lag=max_lag)
   dparams = drafter.prepare(params, params, cfg)
   history = jnp.array([[5, 9, 2, 7, 3, 0, 0, 0], [4, 4, 8, 0, 0, 0, 0, 0]], jnp.int32)
   lengths = jnp.array([5, 3], jnp.int32)
@@ -380,12 +390,58 @@ def test_draft_model_catches_up_after_a_plain_step(tiny):
                       hidden=jnp.zeros((1, 2, 1, cfg.d_model)), path=jnp.zeros((2, 1), jnp.int32),
                       n_accepted=jnp.zeros((2,), jnp.int32), next_token=jnp.full((2,), 11))
   got = drafter.update(dparams, state, after, verified)
+  np.testing.assert_array_equal(drafter.lag(got, after), [int(max_lag > 0)] * 2)
+  got = drafter.catch_up(dparams, got, after)
+  np.testing.assert_array_equal(drafter.lag(got, after), [0, 0])
   want = drafter.init(dparams, after, cfg, 16)
   np.testing.assert_array_equal(got.lengths, want.lengths)
   for layer in range(cfg.n_layers):
     for row, n in enumerate(lengths.tolist()):  # slots < n: the history before the new pending
       np.testing.assert_allclose(got.k[layer][row, :, :n], want.k[layer][row, :, :n], atol=1e-5)
       np.testing.assert_allclose(got.v[layer][row, :, :n], want.v[layer][row, :, :n], atol=1e-5)
+
+
+def _loop(tiny, drafter, dparams, prompts, new, costs, **settings):
+  """(final loop state, DecodeOutput) of a goodput loop of k = len(costs) - 1."""
+  cfg, params = tiny
+  spec = SpecConfig(k=len(costs) - 1, max_new_tokens=new, goodput=Goodput(**settings))
+  program = speculative.spec_program(params, cfg, drafter, spec, dparams, step_costs=costs)
+  return engine.run(params, cfg, prompts, spec, program, None, None, False)
+
+
+def _assert_caught_up(tiny, drafter, dparams, lazy, eager):
+  """The final loop state lazy, its drafter caught up, holds eager's drafter cache at every
+  real slot (and EAGLE's last feature)."""
+  cfg, params = tiny
+  view = TargetView(engine.decoding_params(params), lazy.cache, lazy.history, lazy.lengths)
+  caught = drafter.catch_up(drafter.prepare(dparams, params, cfg), lazy.drafter, view)
+  got, want = (s.cache if isinstance(drafter, Eagle) else s for s in (caught, eager.drafter))
+  np.testing.assert_array_equal(got.lengths, want.lengths)
+  for layer in range(len(want.k)):
+    for row, n in enumerate(want.lengths.tolist()):
+      np.testing.assert_allclose(got.k[layer][row, :, :n], want.k[layer][row, :, :n], atol=1e-5)
+      np.testing.assert_allclose(got.v[layer][row, :, :n], want.v[layer][row, :, :n], atol=1e-5)
+  if isinstance(drafter, Eagle):
+    np.testing.assert_allclose(caught.feature, eager.drafter.feature, atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [lambda cfg: Eagle(max_lag=3),
+                                  lambda cfg: DraftModel(cfg, max_lag=3)],
+                         ids=["eagle", "draft-model"])
+def test_plain_steps_fed_in_blocks_leave_the_state_of_feeding_each(tiny, make):
+  """Plain steps only, 11 of them: a drafter that feeds them in blocks of max_lag = 3 (the
+  loop catching up after every third, the last two left lagging) and then catches up holds the
+  drafter cache (and EAGLE's last feature) of one that fed every step."""
+  cfg, params = tiny
+  drafter = make(cfg)
+  dparams = eagle_params(cfg, params, drafter) if isinstance(drafter, Eagle) else params
+  plain = goodput.forcing(0, 3)
+  lazy, eager = (_loop(tiny, d, dparams, PROMPTS[:3], 12, plain)[0]
+                 for d in (drafter, dataclasses.replace(drafter, max_lag=0)))
+  np.testing.assert_array_equal(lazy.history, eager.history)
+  view = TargetView(params, lazy.cache, lazy.history, lazy.lengths)
+  np.testing.assert_array_equal(drafter.lag(lazy.drafter, view), [2, 2, 2])
+  _assert_caught_up(tiny, drafter, dparams, lazy, eager)
 
 
 def test_generated_tokens_follow_target():
