@@ -46,7 +46,8 @@ from speculax.core.trees import Tree
 from speculax.core.types import Draft, TargetView, Verified
 from speculax.drafters.base import Drafter
 from speculax.drafters.chain import exit_step
-from speculax.drafters.feature_layer import init_layer, layer_config, run_layers
+from speculax.drafters.feature_layer import (defer, init_layer, last_fed, layer_config,
+                                             run_layers)
 from speculax.drafters.tree_draft import grow_tree
 from speculax.models import llama
 from speculax.models.kvcache import KVCache
@@ -243,8 +244,8 @@ class Eagle(Drafter):
     rows = jnp.arange(b)[:, None]
     f = verified.hidden[:, rows, verified.path]  # [l, b, m, d], m = depth + 1
     if verified.plain and self.max_lag:
-      at = view.lengths - 2 - state.cache.lengths  # [b] (a finished row's lands anywhere)
-      return state.replace(backlog=state.backlog.at[:, rows[:, 0], at].set(f[:, :, 0]))
+      return state.replace(backlog=defer(state.backlog, f[:, :, 0], state.cache.lengths,
+                                         view.lengths))
     return _feed(params, state, view, f)
 
   def lag(self, state: EagleState, view: TargetView) -> jax.Array:
@@ -315,11 +316,8 @@ def _feed(params, state: EagleState, view: TargetView, f: jax.Array) -> EagleSta
   nxt = view.history[rows, jnp.minimum(slots + 1, view.history.shape[1] - 1)]  # [b, m]
   a, cache = _step(params, view.params, state.config, _fuse(params, f), nxt, slots,
                    state.cache, llama.causal_mask(b, m))
-  pending = view.lengths - 1  # [b] new P; entry pending - 1 is the last real one
-  last = pending - 1 - root  # [b] its index in the block (-1: nothing fed)
-  feature = a[jnp.arange(b), jnp.clip(last, 0, m - 1)]
-  return state.replace(cache=cache.with_lengths(pending),
-                       feature=jnp.where((last >= 0)[:, None], feature, state.feature))
+  return state.replace(cache=cache.with_lengths(view.lengths - 1),
+                       feature=last_fed(a, root, view.lengths, state.feature))
 
 
 def _entries(params, frozen, config, g, tokens):

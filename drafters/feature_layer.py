@@ -2,7 +2,9 @@
 
 The building block of drafters that attend over the target's features: Hydra++'s prefix layer
 and EAGLE's draft layers. Each is a llama.Block on the jnp attention path (the drafter's cache is
-small; the Pallas kernel serves the target).
+small; the Pallas kernel serves the target). With Drafter.max_lag, goodput's plain steps leave
+their target features in a backlog that the next catch-up feeds as one block (`defer`,
+`last_fed`).
 
 Dims: b batch, t new entries, u cache slots the mask covers, d model.
 """
@@ -56,3 +58,19 @@ def run_layers(layers: Sequence[dict], config, x: jax.Array, positions: jax.Arra
   ctx = (cos, sin, cache.lengths, cache.attention_mask(mask), None)
   x, (k, v), _ = llama.decoder_layers(cfg, tuple(layers), x, cache, ctx, False)
   return x, cache.replace(k=k, v=v, lengths=cache.lengths + x.shape[1])
+
+
+def defer(backlog: jax.Array, feature: jax.Array, fed: jax.Array, lengths: jax.Array) -> jax.Array:
+  """The backlog [..., b, W, d] of features for slots fed [b] on, with a plain step's target
+  feature [..., b, d] at its slot: the one before the pending token's (history lengths [b])."""
+  rows = jnp.arange(fed.shape[0])
+  return backlog.at[..., rows, lengths - 2 - fed, :].set(feature.astype(backlog.dtype))
+
+
+def last_fed(out: jax.Array, fed: jax.Array, lengths: jax.Array, before: jax.Array) -> jax.Array:
+  """[b, d] the output out [b, m, d] of a block fed from slot fed [b] on at its last real entry
+  (the slot before the pending token's, history lengths [b]); before [b, d] where the block held
+  none."""
+  last = lengths - 2 - fed  # [b]
+  picked = out[jnp.arange(out.shape[0]), jnp.clip(last, 0, out.shape[1] - 1)]
+  return jnp.where((last >= 0)[:, None], picked, before)

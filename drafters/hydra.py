@@ -18,7 +18,8 @@ projections so it starts as the identity) over the target's features of the whol
 output at the node that gave the pending token replaces h. Its K/V over context positions live
 in the drafter state, kept in step with the target's cache by length arithmetic: `init` runs it
 over the prefill's features of the prompt, `update` over the verify step's features along the
-kept path (rolled back to the kept length). `mlp_layers` deepens the heads (4 in Hydra++).
+kept path (rolled back to the kept length), and goodput's plain steps (`max_lag`) leave theirs
+in a backlog that `catch_up` runs it over as one block before the next draft. `mlp_layers` deepens the heads (4 in Hydra++).
 Hydra++'s teacher-distillation objective is training on the target's distributions, which
 train/heads.py does (HeadsConfig.divergence). Its training-time input noise is not here.
 
@@ -45,7 +46,8 @@ from speculax.core.trees import StaticTree, Tree
 from speculax.core.types import Draft, TargetView, Verified
 from speculax.drafters.base import Drafter
 from speculax.drafters.chain import exit_length
-from speculax.drafters.feature_layer import init_layer, layer_config, run_layers
+from speculax.drafters.feature_layer import (defer, init_layer, last_fed, layer_config,
+                                             run_layers)
 from speculax.drafters.tree_draft import check_heads, grow_tree
 from speculax.models import llama
 from speculax.models.kvcache import KVCache
@@ -55,6 +57,9 @@ from speculax.models.kvcache import KVCache
 class HydraState:
   base: jax.Array  # [b, d] the heads' base input at the node that gave the pending token
   prefix: KVCache | None  # prefix layer K/V over positions [0, P), P the pending token's; or None
+  # [b, max_lag, d] target features plain steps left unfed, from slot prefix.lengths on (None:
+  # no prefix layer or no max_lag)
+  backlog: jax.Array | None
   config: object = flax.struct.field(pytree_node=False)  # the target's LlamaConfig (static)
 
 
@@ -71,6 +76,8 @@ class Hydra(Drafter):
   mlp_layers: int = field(1, ge=1)  # residual SiLU blocks per head (Hydra++: 4)
   vocab_trim: int = field(0, ge=0)  # VocabTrim: the N most frequent target tokens (0: all)
   exit_threshold: float | None = field(None, gt=0, lt=1)  # Kangaroo early exit (chains)
+  # With prefix_attention: goodput's plain steps fed in one block (Drafter).
+  max_lag: int = field(16, ge=0, le=256)
 
   def check(self, target, params, k: int) -> None:
     super().check(target, params, k)
@@ -83,12 +90,13 @@ class Hydra(Drafter):
     b, t = feats.shape[:2]
     rows, last = jnp.arange(b), view.lengths - 2  # the last prompt token gave the pending one
     if not self.prefix_attention:
-      return HydraState(feats[rows, last], None, config)
+      return HydraState(feats[rows, last], None, None, config)
     cache = KVCache.init(layer_config(config), b, max_len, per_layer=True)
     out, cache = run_layers((params["prefix"],), config, feats,
                             llama.row_positions(b, t), cache)
+    backlog = jnp.zeros((b, self.max_lag, feats.shape[-1]), feats.dtype) if self.max_lag else None
     # Pad slots past each prompt were written too; the length hides them.
-    return HydraState(out[rows, last], cache.with_lengths(view.lengths - 1), config)
+    return HydraState(out[rows, last], cache.with_lengths(view.lengths - 1), backlog, config)
 
   def propose(self, params, state: HydraState, view: TargetView, key, config, k: int,
               sampling: SamplingConfig):
@@ -107,10 +115,32 @@ class Hydra(Drafter):
     if not self.prefix_attention:
       return state.replace(base=verified.hidden[0][rows, verified.path[rows, n_acc]])
     feats = jnp.take_along_axis(verified.hidden[0], verified.path[..., None], 1)  # [b, p, d]
-    positions = state.prefix.lengths[:, None] + jnp.arange(feats.shape[1], dtype=jnp.int32)
-    out, cache = run_layers((params["prefix"],), state.config, feats, positions, state.prefix)
+    if verified.plain and state.backlog is not None:
+      return state.replace(backlog=defer(state.backlog, feats[:, 0], state.prefix.lengths,
+                                         view.lengths))
+    out, cache = self._prefix(params, state, feats)
     # The path past n_accepted (padded with its last node) lands beyond the new length.
     return state.replace(base=out[rows, n_acc], prefix=cache.with_lengths(view.lengths - 1))
+
+  def lag(self, state: HydraState, view: TargetView) -> jax.Array:
+    if state.backlog is None:
+      return super().lag(state, view)
+    return view.lengths - 1 - state.prefix.lengths
+
+  def catch_up(self, params, state: HydraState, view: TargetView) -> HydraState:
+    """The prefix layer over the backlog as one block of max_lag (entries past the lag land
+    beyond the new length)."""
+    if state.backlog is None:
+      return state
+    out, cache = self._prefix(params, state, state.backlog)
+    return state.replace(base=last_fed(out, state.prefix.lengths, view.lengths, state.base),
+                         prefix=cache.with_lengths(view.lengths - 1))
+
+  def _prefix(self, params, state: HydraState, feats: jax.Array):
+    """The prefix layer over features feats [b, p, d] from its cache's length on -> ([b, p, d],
+    cache)."""
+    positions = state.prefix.lengths[:, None] + jnp.arange(feats.shape[1], dtype=jnp.int32)
+    return run_layers((params["prefix"],), state.config, feats, positions, state.prefix)
 
   def init_params(self, config, key=None) -> dict:
     """Heads that copy the target's next-token head; a prefix layer that is the identity."""

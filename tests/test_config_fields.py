@@ -56,6 +56,7 @@ BOOL = (1, "yes", None)
 TREE = ("full:3,2", (0, 1), 3)  # a tree field takes a StaticTree / DynamicTree (or None)
 # VocabTrim's size and the early-exit threshold, on every drafter with an output layer.
 CHEAPER = {"vocab_trim": ints(0), "exit_threshold": ("0.5", 0.0, 1.0, NAN, -0.5)}
+LAG = {"max_lag": ints(0) + (257,)}  # goodput's plain steps fed in one block (own forward)
 DIVERGENCE_OPTIONS = ([("beta", 0.5)], (("beta", "high"),), "beta=0.5")
 
 BAD = {
@@ -80,15 +81,15 @@ BAD = {
     PromptLookup: {"max_ngram": ints(1), "min_ngram": ints(1) + (4,)},  # 4 > max_ngram 3
     LayerSkip: {"keep": ([0], (-1,), (0.5,)), "tree": TREE, **CHEAPER,
                 "alternatives": ([(0,)], ((-1,),), ((0.5,),), (0, 1)), "verify_cost": numbers(0.0)},
-    DraftModel: {"config": (None, "tiny", 3), "tree": TREE, **CHEAPER},
+    DraftModel: {"config": (None, "tiny", 3), "tree": TREE, **CHEAPER, **LAG},
     TokenRecycling: {"tree": (None, DynamicTree(), "template")},
     Medusa: {"n_heads": ints(1), "tree": TREE + (DynamicTree(),), **CHEAPER},  # static trees only
     Hydra: {"n_heads": ints(1), "tree": TREE, "prefix_attention": BOOL, "mlp_layers": ints(1),
-            **CHEAPER},
+            **CHEAPER, **LAG},
     Eagle: {"feature_layers": ([-1], (), ("last",)), "ttt_steps": ints(1),
             "feature_weight": numbers(-0.1), "tree": TREE,
             "stop_threshold": ("0.5", 0.0, 1.0, NAN), "draft_layers": ints(1) + (9,),
-            **CHEAPER},
+            **CHEAPER, **LAG},
     Recording: {"drafter": (None, "prompt-lookup", 3), "top_k": ints(1),
                 "all_positions": BOOL},
     OptimConfig: {"learning_rate": numbers(0.0), "warmup_steps": ints(0) + (200,),

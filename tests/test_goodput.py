@@ -15,6 +15,7 @@ import pytest
 import test_speculative_sampling as sampling_test
 from test_bench import Bytes
 from test_eagle import _params as eagle_params
+from test_hydra import random_params
 from test_multi_draft import _target_laws
 
 from speculax import api
@@ -31,6 +32,7 @@ from speculax.decode.speculative import spec_loop, speculative_generate
 from speculax.drafters.base import Drafter
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.eagle import Eagle
+from speculax.drafters.hydra import Hydra
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models import llama
@@ -411,11 +413,12 @@ def _loop(tiny, drafter, dparams, prompts, new, costs, **settings):
 
 def _assert_caught_up(tiny, drafter, dparams, lazy, eager):
   """The final loop state lazy, its drafter caught up, holds eager's drafter cache at every
-  real slot (and EAGLE's last feature)."""
+  real slot (and EAGLE's last feature, Hydra++'s heads' base)."""
   cfg, params = tiny
   view = TargetView(engine.decoding_params(params), lazy.cache, lazy.history, lazy.lengths)
   caught = drafter.catch_up(drafter.prepare(dparams, params, cfg), lazy.drafter, view)
-  got, want = (s.cache if isinstance(drafter, Eagle) else s for s in (caught, eager.drafter))
+  cache = {Eagle: "cache", Hydra: "prefix"}.get(type(drafter))  # a draft model's state is one
+  got, want = (s if cache is None else getattr(s, cache) for s in (caught, eager.drafter))
   np.testing.assert_array_equal(got.lengths, want.lengths)
   for layer in range(len(want.k)):
     for row, n in enumerate(want.lengths.tolist()):
@@ -423,18 +426,22 @@ def _assert_caught_up(tiny, drafter, dparams, lazy, eager):
       np.testing.assert_allclose(got.v[layer][row, :, :n], want.v[layer][row, :, :n], atol=1e-5)
   if isinstance(drafter, Eagle):
     np.testing.assert_allclose(caught.feature, eager.drafter.feature, atol=1e-5)
+  if isinstance(drafter, Hydra):
+    np.testing.assert_allclose(caught.base, eager.drafter.base, atol=1e-5)
 
 
 @pytest.mark.parametrize("make", [lambda cfg: Eagle(max_lag=3),
+                                  lambda cfg: Hydra(2, prefix_attention=True, max_lag=3),
                                   lambda cfg: DraftModel(cfg, max_lag=3)],
-                         ids=["eagle", "draft-model"])
+                         ids=["eagle", "hydra++", "draft-model"])
 def test_plain_steps_fed_in_blocks_leave_the_state_of_feeding_each(tiny, make):
   """Plain steps only, 11 of them: a drafter that feeds them in blocks of max_lag = 3 (the
   loop catching up after every third, the last two left lagging) and then catches up holds the
-  drafter cache (and EAGLE's last feature) of one that fed every step."""
+  drafter cache (and EAGLE's last feature, Hydra++'s base) of one that fed every step."""
   cfg, params = tiny
   drafter = make(cfg)
-  dparams = eagle_params(cfg, params, drafter) if isinstance(drafter, Eagle) else params
+  dparams = (eagle_params(cfg, params, drafter) if isinstance(drafter, Eagle) else
+             random_params(drafter, cfg) if isinstance(drafter, Hydra) else params)
   plain = goodput.forcing(0, 3)
   lazy, eager = (_loop(tiny, d, dparams, PROMPTS[:3], 12, plain)[0]
                  for d in (drafter, dataclasses.replace(drafter, max_lag=0)))
