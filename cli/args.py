@@ -76,8 +76,9 @@ def add_drafter(p: argparse.ArgumentParser, default: str, allow_none: bool, k: i
                  help="multi-draft-model: how the first level is verified, which fixes how its "
                       "drafts are drawn (default greedy: top n-1 plus one sampled, optimal)")
   p.add_argument("--max-lag", type=count(0), default=None, metavar="N",
-                 help="eagle, draft-model with --goodput: plain steps whose tokens the drafter "
-                      "feeds in one block before its next draft (default 16; 0: every step)")
+                 help="eagle, hydra (prefix attention), draft-model with --goodput: plain "
+                      "steps whose tokens the drafter feeds in one block before its next draft "
+                      "(default 16; 0: every step)")
   p.add_argument("--stop-threshold", type=float, default=None, metavar="P",
                  help="eagle trained with an acceptance head: SpecDec++ adaptive length, a "
                       "chain stops once P(some draft rejected) exceeds P, in (0, 1)")

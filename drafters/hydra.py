@@ -19,9 +19,10 @@ output at the node that gave the pending token replaces h. Its K/V over context 
 in the drafter state, kept in step with the target's cache by length arithmetic: `init` runs it
 over the prefill's features of the prompt, `update` over the verify step's features along the
 kept path (rolled back to the kept length), and goodput's plain steps (`max_lag`) leave theirs
-in a backlog that `catch_up` runs it over as one block before the next draft. `mlp_layers` deepens the heads (4 in Hydra++).
-Hydra++'s teacher-distillation objective is training on the target's distributions, which
-train/heads.py does (HeadsConfig.divergence). Its training-time input noise is not here.
+in a backlog that `catch_up` runs it over as one block before the next draft. `mlp_layers`
+deepens the heads (4 in Hydra++). Hydra++'s teacher-distillation objective is training on the
+target's distributions, which train/heads.py does (HeadsConfig.divergence). Its training-time
+input noise is not here.
 
 Drafting grows the tree level by level (drafters/tree_draft.grow_tree): head j runs once per node
 at depth j - 1 on that node's own path, so siblings get different children. A chain is the
