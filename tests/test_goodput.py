@@ -269,11 +269,24 @@ class EveryThird(Drafter):
     return ((view.lengths - 1) % 3 == 0).astype(jnp.int32)
 
 
+def _spec(new, costs, **settings):
+  """A goodput loop's SpecConfig: k = len(costs) - 1, the policy Goodput(**settings)."""
+  return SpecConfig(k=len(costs) - 1, max_new_tokens=new, goodput=Goodput(**settings))
+
+
 def _run(tiny, drafter, dparams=None, prompts=PROMPTS[:4], new=48, costs=COSTS, **settings):
   cfg, params = tiny
-  spec = SpecConfig(k=3, max_new_tokens=new, goodput=Goodput(**settings))
-  return speculative_generate(params, cfg, prompts, drafter, spec, drafter_params=dparams,
-                              step_costs=costs)
+  return speculative_generate(params, cfg, prompts, drafter, _spec(new, costs, **settings),
+                              drafter_params=dparams, step_costs=costs)
+
+
+def _loop(tiny, drafter, dparams=None, prompts=PROMPTS[:4], new=48, costs=COSTS, **settings):
+  """_run's decode as (final loop state, DecodeOutput): speculative_generate keeps only the
+  drafter's part of the state."""
+  cfg, params = tiny
+  spec = _spec(new, costs, **settings)
+  program = speculative.spec_program(params, cfg, drafter, spec, dparams, step_costs=costs)
+  return engine.run(params, cfg, prompts, spec, program, None, None, False)
 
 
 def test_never_accepted_settles_on_plain_decoding(tiny):
@@ -351,7 +364,7 @@ def test_eagle_goodput_equals_target_only(tiny, tiny_reference):
   drafter = Eagle()
   dparams = eagle_params(cfg, params, drafter)
   (lazy, out), (eager, _) = (_loop(tiny, dataclasses.replace(drafter, max_lag=m), dparams,
-                                   PROMPTS[:4], NEW, COSTS, decay=0.6) for m in (16, 0))
+                                   new=NEW, decay=0.6) for m in (16, 0))
   assert out.tokens == [list(t) for t in tiny_reference[:4]]
   np.testing.assert_array_equal(lazy.history, eager.history)
   assert (lazy.goodput.steps > 0).sum() >= 2 and lazy.goodput.steps[0] > 0, lazy.goodput.steps
@@ -401,14 +414,6 @@ def test_draft_model_catches_up_after_a_plain_step(tiny, max_lag):
     for row, n in enumerate(lengths.tolist()):  # slots < n: the history before the new pending
       np.testing.assert_allclose(got.k[layer][row, :, :n], want.k[layer][row, :, :n], atol=1e-5)
       np.testing.assert_allclose(got.v[layer][row, :, :n], want.v[layer][row, :, :n], atol=1e-5)
-
-
-def _loop(tiny, drafter, dparams, prompts, new, costs, **settings):
-  """(final loop state, DecodeOutput) of a goodput loop of k = len(costs) - 1."""
-  cfg, params = tiny
-  spec = SpecConfig(k=len(costs) - 1, max_new_tokens=new, goodput=Goodput(**settings))
-  program = speculative.spec_program(params, cfg, drafter, spec, dparams, step_costs=costs)
-  return engine.run(params, cfg, prompts, spec, program, None, None, False)
 
 
 def _assert_caught_up(tiny, drafter, dparams, lazy, eager):
