@@ -29,19 +29,19 @@ none. `Goodput.answer_bins` splits every bin by how far into its answer a row is
 emitted by this call): a signal the loop has for free, for drafters whose drafts are kept more
 at some stretch of an answer than at another, and for estimates carried from call to call.
 
-The estimate decays at every step that drafts (older outcomes weigh less; a bin only where the
-step had rows in it), towards a prior
-(position i's: the estimate of position i - 1). A plain step observes nothing and leaves it as
-it is; after `probe_every` plain steps in a row the next step drafts one token, so a drafter
-that stopped paying is re-checked at the price of one short step (not a long draft on a prior
-grown optimistic again), and one that got better is noticed (the probe takes the shortest
-drafting length whose cost is finite). A probe after which the loop goes back to plain steps
-multiplies the plain steps before the next one by `probe_backoff` (up to `probe_every_max`), and
-one after which it drafts sets them back: a drafter that never pays (accepted or not, as a layer
-skip that drafts through 29 of 30 layers) costs a probe every 16 plain steps at first and ever
-fewer as the call or the stream goes on, where a fixed interval cost it a one-draft step's extra
-on every 16 plain steps for good. The choice reads only past verify outcomes, so output stays
-lossless whatever it picks.
+Each outcome a drafting step adds at a bin's position decays the counts before it there (older
+outcomes weigh less; a bin the step had no rows in, or a position no row reached, keeps its
+counts), towards a prior (position i's: the estimate of position i - 1). A plain step observes
+nothing and leaves the estimate as it is; after `probe_every` plain steps in a row the next step
+drafts one token, so a drafter that stopped paying is re-checked at the price of one short step
+(not a long draft on a prior grown optimistic again), and one that got better is noticed (the
+probe takes the shortest drafting length whose cost is finite). A probe after which the loop
+goes back to plain steps multiplies the plain steps before the next one by `probe_backoff` (up
+to `probe_every_max`), and one after which it drafts sets them back: a drafter that never pays
+(accepted or not, as a layer skip that drafts through 29 of 30 layers) costs a probe every 16
+plain steps at first and ever fewer as the call or the stream goes on, where a fixed interval
+cost it a one-draft step's extra on every 16 plain steps for good. The choice reads only past
+verify outcomes, so output stays lossless whatever it picks.
 
 Dims: b batch, K the most drafts a step may take, c signal bins.
 """
@@ -61,7 +61,12 @@ from speculax.core.tau import expected_tokens
 @dataclasses.dataclass(frozen=True)
 class Goodput(Checked):
   """The policy (static: part of the compiled loop); the step costs it weighs are data."""
-  decay: float = field(0.9, gt=0, lt=1)  # weight of the counts before a drafting step
+  # Weight of the counts before each outcome a drafting step adds at a bin's position (r rows
+  # checking it: decay**r), so each position's window holds as many outcomes (~1 / (1 - decay))
+  # at any batch (0.987**8 = 0.90 a step at batch 8) and whatever lengths the steps take. One
+  # decay a step kept ~10 outcomes at batch 1, where a few rejections in a row sent EAGLE + TTT
+  # to plain steps, and wore away deep positions on steps that never checked them.
+  decay: float = field(0.987, gt=0, lt=1)
   prior: float = field(1.0, gt=0)  # pseudo-steps behind every position's estimate
   # The first position's prior acceptance: optimistic, so drafting is tried before its
   # estimate is trusted (deeper positions' priors follow the position before them).
@@ -232,11 +237,12 @@ def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
   reached = (pos < checked[:, None]) & (pos <= n_accepted[:, None])  # [b, K]
   kept = reached & (pos < n_accepted[:, None])
   row_bin = jax.nn.one_hot(state.bins, state.kept.shape[0]).T  # [c, b], a done row all zero
-  # Only the bins this step saw decay: a bin rarely met keeps what it learnt.
-  decay = jnp.where(row_bin.any(1), goodput.decay, 1.0)[:, None]  # [c, 1]
+  seen = row_bin @ reached  # [c, K] outcomes this step adds to each bin's position
+  # Each outcome decays the counts before it at its own bin and position: a bin rarely met, or a
+  # deep position short steps never check, keeps what it learnt.
+  decay = goodput.decay ** seen  # [c, K]
   state = state.replace(
-      kept=decay * state.kept + row_bin @ kept,
-      reached=decay * state.reached + row_bin @ reached,
+      kept=decay * state.kept + row_bin @ kept, reached=decay * state.reached + seen,
       steps=steps, plain_run=jnp.zeros_like(state.plain_run), bins=bins)
   choice = choose(goodput, state)
   longer = jnp.minimum(state.probe_after * goodput.probe_backoff, goodput.probe_every_max)

@@ -126,8 +126,11 @@ def test_observe_counts_reached_and_kept_positions():
   assert plain.bins.tolist() == nxt.tolist()
   # rows: 0 kept nothing of 3; 1 kept 2 of 3; 2 (adaptive length 1) kept 1; 3 done before.
   s = goodput.observe(g, s, 3, jnp.array([3, 3, 1, 3]), jnp.array([0, 2, 1, 3]), nxt)
-  np.testing.assert_allclose(s.reached, [0.5 * 2 + np.array([3, 1, 1])])  # 1 row reached draft 3
-  np.testing.assert_allclose(s.kept, [0.5 * 1 + np.array([2, 1, 0])])
+  # 3 rows reached draft 1 and 1 row drafts 2 and 3: each position's counts decay by 0.5 per
+  # outcome it adds
+  decayed = 0.5 ** np.array([3, 1, 1])
+  np.testing.assert_allclose(s.reached, [decayed * 2 + np.array([3, 1, 1])])
+  np.testing.assert_allclose(s.kept, [decayed * 1 + np.array([2, 1, 0])])
   assert s.steps.tolist() == [0, 0, 0, 1] and int(s.plain_run) == 0
   assert s.bins.tolist() == nxt.tolist()
   # each observed state carries the next step's choice, which the loop's conditions read: a
@@ -144,10 +147,11 @@ def test_observe_counts_each_row_in_its_signal_bin():
              bins=[2, 0, 2, -1])
   s = goodput.observe(g, s, 2, jnp.array([2, 2, 2, 2]), jnp.array([2, 0, 1, 2]),
                       jnp.array([1, 1, 0, -1]))
-  # bins 0 and 2 had rows: they decay and count them; bin 1 had none and keeps its counts; row 3
-  # was done before the step and counts nowhere
-  np.testing.assert_allclose(s.reached, [[1 + 1, 1 + 0], [4, 4], [1 + 2, 1 + 2]])
-  np.testing.assert_allclose(s.kept, [[1 + 0, 0 + 0], [4, 2], [1 + 2, 1 + 1]])
+  # bins 0 and 2 had rows: each position decays by 0.5 per outcome it adds (bin 0: one at draft
+  # 1, none at draft 2, which its row did not reach; bin 2: two at each) and counts them; bin 1
+  # had none and keeps its counts; row 3 was done before the step and counts nowhere
+  np.testing.assert_allclose(s.reached, [[1 + 1, 2 + 0], [4, 4], [0.5 + 2, 0.5 + 2]])
+  np.testing.assert_allclose(s.kept, [[1 + 0, 0 + 0], [4, 2], [0.5 + 2, 0.5 + 1]])
   assert s.bins.tolist() == [1, 1, 0, -1]
 
 
