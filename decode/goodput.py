@@ -67,7 +67,7 @@ class Goodput(Checked):
   # decay a step kept ~10 outcomes at batch 1, where a few rejections in a row sent EAGLE + TTT
   # to plain steps, and wore away deep positions on steps that never checked them.
   decay: float = field(0.987, gt=0, lt=1)
-  prior: float = field(1.0, gt=0)  # pseudo-steps behind every position's estimate
+  prior: float = field(1.0, gt=0)  # pseudo-outcomes behind every position's estimate
   # The first position's prior acceptance: optimistic, so drafting is tried before its
   # estimate is trusted (deeper positions' priors follow the position before them).
   prior_acceptance: float = field(1.0, gt=0, le=1)
