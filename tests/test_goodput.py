@@ -64,7 +64,8 @@ def test_choice_follows_acceptance_and_costs():
   assert int(goodput.choose(g, first)) == 1
   dear = first.replace(step_costs=jnp.array([1.0, 1.9, 2.8, 3.7]))
   assert int(goodput.choose(g, dear)) == 0  # drafting too dear
-  # after probe_every plain steps in a row, a one-draft probe whatever the estimate says
+  # after probe_every plain steps in a row a probe whatever the estimate says: one draft where
+  # no draft is kept (the cheapest)
   assert int(goodput.choose(g, never.replace(plain_run=jnp.array(15)))) == 0
   assert int(goodput.choose(g, never.replace(plain_run=jnp.array(16)))) == 1
   assert int(goodput.choose(g, sure.replace(plain_run=jnp.array(16)))) == 3  # not cut short
@@ -81,8 +82,9 @@ def test_a_draft_must_beat_a_plain_step_by_the_margin():
 
 
 def test_infinite_costs_take_lengths_out():
-  """+inf: never that length (calibration forces one length so); the probe takes the shortest
-  drafting length left, and none when no drafting length is left."""
+  """+inf: never that length (calibration forces one length so); the probe takes the drafting
+  length left that promises the most tokens per second, and none when no drafting length is
+  left."""
   g = Goodput()
   sure = _state([50.0] * 3, [50.0] * 3)
   assert int(goodput.choose(g, sure.replace(step_costs=jnp.array([1.0, 1.3, INF, INF])))) == 1
@@ -92,6 +94,22 @@ def test_infinite_costs_take_lengths_out():
     only = jnp.where(jnp.arange(4) == k, 1.0, INF)
     assert int(goodput.choose(g, never.replace(step_costs=only))) == k
     assert int(goodput.choose(g, sure.replace(step_costs=only))) == k
+
+
+def test_a_probe_drafts_the_length_that_pays_best():
+  """A drafter whose first draft is dear and rarely kept (a_1 = 0.3 for 1.5 s) but whose deeper
+  drafts are cheap and kept (0.9 for 0.1 s more each): k = 3 promises 1.07 tokens a second, within
+  the margin of a plain step's 1.0, so the loop steps plain; its probe drafts 3, which checks the
+  deeper positions too, where a one-draft probe (0.87 tokens a second) would check the first
+  alone. A drafter never kept probes with the cheapest draft."""
+  costs = (1.0, 1.5, 1.6, 1.7)
+  # (kept + prior x the position before's estimate (the first's: 1)) / (50 + prior)
+  s = _state([0.3 * 51 - 1, 0.9 * 51 - 0.3, 0.9 * 51 - 0.9], [50.0] * 3, costs=costs)
+  np.testing.assert_allclose(goodput.acceptance(Goodput(), s)[0], [0.3, 0.9, 0.9], rtol=1e-5)
+  assert int(goodput.choose(Goodput(), s)) == 0
+  assert int(goodput.choose(Goodput(), s.replace(plain_run=jnp.array(16)))) == 3
+  never = _state([0.0] * 3, [50.0] * 3, costs=costs, plain_run=16)
+  assert int(goodput.choose(Goodput(), never)) == 1
 
 
 def test_expected_tokens():
