@@ -211,15 +211,17 @@ def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
   within goodput.margin of the best length's (a length of infinite cost rates 0): a plain step
   unless some draft beats it by more than the margin, and a longer draft only where the best
   length beats every shorter one so; after probe_every plain steps in a row the drafting length
-  that rates best (state.probe_after of them: probe_every, or more after probes that changed
-  nothing)."""
+  of finite cost that rates best (state.probe_after of them: probe_every, or more after probes
+  that changed nothing)."""
   rows = jax.nn.one_hot(state.bins, state.kept.shape[0]).sum(0)  # [c] rows per bin (done: none)
   tokens = rows @ expected_tokens(acceptance(goodput, state))  # [K + 1] summed over rows
   rate = tokens / state.step_costs  # [K + 1]
   best = jnp.argmax(rate * (1 + goodput.margin) >= rate.max()).astype(jnp.int32)
   may_draft = jnp.isfinite(state.step_costs[1:])  # [K]
   probe = (best == 0) & probe_due(state) & may_draft.any()
-  return jnp.where(probe, 1 + jnp.argmax(rate[1:]).astype(jnp.int32), best)
+  probe_k = 1 + jnp.argmax(jnp.where(may_draft, rate[1:], -jnp.inf)).astype(jnp.int32)  # a
+  # finite cost even where no row is active (every rate 0)
+  return jnp.where(probe, probe_k, best)
 
 
 def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,

@@ -90,6 +90,9 @@ def test_infinite_costs_take_lengths_out():
   assert int(goodput.choose(g, sure.replace(step_costs=jnp.array([1.0, 1.3, INF, INF])))) == 1
   never = _state([0.0] * 3, [50.0] * 3, plain_run=16)
   assert int(goodput.choose(g, never.replace(step_costs=jnp.array([1.0, INF, 1.6, 1.9])))) == 2
+  # no active row rates every length 0: the probe still takes a finite one
+  idle = never.replace(bins=jnp.array([-1]), step_costs=jnp.array([1.0, INF, 1.6, 1.9]))
+  assert int(goodput.choose(g, idle)) == 2
   for k in range(4):  # one finite length: chosen whatever the estimate and the probe say
     only = jnp.where(jnp.arange(4) == k, 1.0, INF)
     assert int(goodput.choose(g, never.replace(step_costs=only))) == k
