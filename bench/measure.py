@@ -73,6 +73,10 @@ class Run:
   tokens: list[list[int]]  # new tokens per prompt, in order
   k_steps: list[int] | None = None  # goodput-driven runs: loop steps that drafted 0..k
   rows_active: float | None = None  # share of row-steps on unfinished rows, every batch
+  # Tokens the decode loops emitted (each prompt's first comes from its prefill) per second of
+  # them: at batch 8 on a 2-core CPU the prefill is about half a call and the same work for
+  # every method, so this is what a drafter and a draft-length policy can change.
+  decode_tokens_per_s: float = 0.0
 
 
 def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int = 1,
@@ -118,4 +122,5 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
   acceptance = (np.asarray(accepted) / max(row_steps, 1)).tolist() if row_steps else []
   return Run(n_tokens / wall, tau, acceptance, drafted / max(row_steps, 1), compile_s, steps,
              decode, tokens, None if k_steps is None else k_steps.tolist(),
-             row_steps / (steps * batch) if row_steps else None)  # every step holds `batch` rows
+             row_steps / (steps * batch) if row_steps else None,  # every step holds `batch` rows
+             (n_tokens - len(tokens)) / max(decode, 1e-9))

@@ -56,6 +56,10 @@ def markdown(result: dict) -> str:
     for row, r in zip(rows, result["rows"]):
       row.insert(header.index("tok/s rounds"),
                  " ".join(f"{x:.3g}" for x in r.get("tokens_per_s_rounds", ())))
+  if any(r.get("decode_speedup") for r in result["rows"]):  # results before 2026-12-03 lack it
+    header.insert(header.index("x AR") + 1, "decode x AR")
+    for row, r in zip(rows, result["rows"]):
+      row.insert(header.index("decode x AR"), r.get("decode_speedup"))
   if any(r["batch"] > 1 for r in result["rows"]):  # finished rows ride along: see rows_active
     header.insert(header.index("drafts/step") + 1, "rows active")
     for row, r in zip(rows, result["rows"]):

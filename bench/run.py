@@ -2,7 +2,8 @@
 autoregressive decoding in the same process, on the same prompts, compile time apart.
 
 One row per method and panel: tau, acceptance by position, draft tokens checked per step,
-tokens/s, speedup over AR, speedup/tau, greedy rows identical to AR's, compile seconds, the
+tokens/s, speedup over AR (of the whole call, and of its decode loop alone: the prefill is the
+same work for every method), speedup/tau, greedy rows identical to AR's, compile seconds, the
 drafter's own params (MB), the device's peak memory where the backend reports it, and at batch 1
 where a step's time goes, in one-token target forwards timed alone: the verify forward (timed
 alone for that many tokens) and the rest (drafting and the loop's own work).
@@ -94,6 +95,7 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
             drafts_per_step=r.drafts_per_step, rows_active=r.rows_active, k_steps=r.k_steps,
             pearl=m.pearl,
             step_costs=None if costs[i] is None else costs[i].tolist(), tokens_per_s_rounds=[],
+            decode_tokens_per_s_rounds=[],
             compile_s=r.compile_s, drafter_mb=params_mb(dparams),
             peak_memory_mb=_peak_memory_mb(), sequences=len(r.tokens),
             same_as_ar=(sum(a == b for a, b in zip(r.tokens, reference))
@@ -101,6 +103,8 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
       row = panel[i]
       row["tokens_per_s_rounds"].append(r.tokens_per_s)
       row["tokens_per_s"] = statistics.median(row["tokens_per_s_rounds"])
+      row["decode_tokens_per_s_rounds"].append(r.decode_tokens_per_s)
+      row["decode_tokens_per_s"] = statistics.median(row["decode_tokens_per_s_rounds"])
       if cfg.step_split:  # PEARL's window: the pending token and k - 1 ready drafts
         row |= _step_split(model, forwards.setdefault(batch, {}), statistics.median(step_s[i]),
                            m.k if m.pearl else _checked(drafter, m.k), batch)
@@ -116,10 +120,12 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
     # Each panel compiles its own loops; dropped when it ends (memory-map limit on long runs),
     # kept until then so a later round reuses them.
     jax.clear_caches()
-    base = max(r["tokens_per_s"] for r in panel if r["drafter"] is None)
-    for row in panel:
+    base, decode_base = (max(r[rate] for r in panel if r["drafter"] is None)
+                         for rate in ("tokens_per_s", "decode_tokens_per_s"))
+    for row in panel:  # decode_speedup: of the decode loops alone (None: no decode step ran)
       row |= dict(speedup=row["tokens_per_s"] / base,
-                  speedup_per_tau=row["tokens_per_s"] / base / row["tau"])
+                  speedup_per_tau=row["tokens_per_s"] / base / row["tau"],
+                  decode_speedup=row["decode_tokens_per_s"] / decode_base if decode_base else None)
     if echo is not None:
       echo(f"{suite} b{batch} {sampling_name(temperature)}, x AR: "
            + ", ".join(f"{r['method']} {r['speedup']:.2f}" for r in panel if r["drafter"]))

@@ -8,11 +8,13 @@ import pytest
 
 from speculax.bench import report, suites
 from speculax.bench.config import BenchConfig, Method, load_config, method, shipped
+from speculax.bench.measure import run_prompts
 from speculax.bench.run import run
 from speculax.cli.main import main
 from speculax.core import overrides
-from speculax.decode.config import GenerateConfig
+from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
+from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models.load import LoadedModel
 
 
@@ -60,8 +62,9 @@ def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_pa
     assert r["same_as_ar"] == r["sequences"] == r["batch"], r
     assert r["tau"] >= 1 and r["tokens_per_s"] > 0 and r["compile_s"] > 0
   for panel in (rows[:6], rows[6:]):
-    ar = [r["speedup"] for r in panel if r["drafter"] is None]
-    assert max(ar) == pytest.approx(1.0) and min(ar) <= 1.0  # x AR: over the faster AR run
+    for rate in ("speedup", "decode_speedup"):  # x AR: over the faster AR run
+      ar = [r[rate] for r in panel if r["drafter"] is None]
+      assert max(ar) == pytest.approx(1.0) and min(ar) <= 1.0
   lookup, skip, tree, pearl = rows[1:5]
   assert len(lookup["acceptance"]) == 3 and skip["drafts_per_step"] <= 3
   assert len(lookup["k_steps"]) == 4 and sum(lookup["k_steps"]) > 0  # goodput: steps by k
@@ -80,6 +83,7 @@ def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_pa
   md = (tmp_path / "t.md").read_text()
   assert md == report.markdown(saved) + "\n" and "| draft model tree |" in md
   assert "| rows active |" in md and "calibrated step ms at 0..k" in md
+  assert "| x AR | decode x AR |" in md
   assert "/".join(map(str, lookup["k_steps"])) in md
   assert (tmp_path / "t.png").stat().st_size > 5000
 
@@ -100,6 +104,21 @@ def test_continuous_panels_refill_rows_losslessly(tiny, prompts_file, tmp_path):
   assert all(0 < r["rows_active"] <= 1 for r in rows[1:4])
   assert result["continuous"] and "continuous batching" in (tmp_path / "c.md").read_text()
   assert references[(str(prompts_file), 2, "greedy")] == alone
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+@pytest.mark.parametrize("drafter", [None, PromptLookup()])
+def test_the_decode_rate_counts_the_tokens_the_loops_emitted(tiny, prompts_file, continuous,
+                                                             drafter):
+  """Every token but each prompt's first (its prefill's, timed apart) over the loops' seconds;
+  with continuous batching the refills' prefills emit a first token each too."""
+  ids = suites.encode(Bytes(), suites.suite(str(prompts_file), 3))
+  spec = SpecConfig(k=2, max_new_tokens=5, eos_ids=())
+  r = run_prompts(LoadedModel(*tiny, Bytes()), ids, drafter, None, spec, batch=2,
+                  continuous=continuous)
+  decoded = sum(map(len, r.tokens)) - len(r.tokens)
+  assert len(r.tokens) == (3 if continuous else 2) and decoded == len(r.tokens) * 4
+  assert r.decode_tokens_per_s * r.decode_s == pytest.approx(decoded)
 
 
 def test_a_run_stopped_midway_keeps_its_rows(tiny, prompts_file, tmp_path, monkeypatch):
@@ -257,6 +276,8 @@ def test_repeats_run_round_robin_and_report_the_median(tiny, prompts_file, tmp_p
   for r in rows:
     assert len(r["tokens_per_s_rounds"]) == 3 and r["same_as_ar"] == 1
     assert r["tokens_per_s"] == sorted(r["tokens_per_s_rounds"])[1]
+    assert len(r["decode_tokens_per_s_rounds"]) == 3
+    assert r["decode_tokens_per_s"] == sorted(r["decode_tokens_per_s_rounds"])[1]
   assert max(r["speedup"] for r in rows if r["drafter"] is None) == pytest.approx(1.0)
   md = (tmp_path / "r.md").read_text()
   assert "| tok/s | tok/s rounds |" in md and "the median of each row's rounds" in md
