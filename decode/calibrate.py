@@ -3,7 +3,8 @@ loop step drafting k = 0..K, at the batch and on the prompts it will serve.
 
 Each length is timed in the serving loop itself (the same static config and shapes, so one
 compile serves calibration and decoding), forced to that length by a cost vector in which only
-it is finite, over a short run (`new_tokens`, below the serving budget).
+it is finite, over a short run (`new_tokens`, below the serving budget); every run starts from
+a copy of one prefill of the prompts (engine.step_seconds), which is the same for every length.
 """
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import dataclasses
 import jax
 import numpy as np
 
+from speculax.decode import engine
 from speculax.decode.config import SpecConfig
 from speculax.decode.goodput import Goodput, forcing
-from speculax.decode.speculative import speculative_generate
+from speculax.decode.speculative import spec_program
 from speculax.drafters.base import Drafter
 from speculax.models.config import LlamaConfig
 from speculax.models.sharding import MeshConfig
@@ -39,12 +41,7 @@ def calibrate(params, config: LlamaConfig, prompts, drafter: Drafter, spec: Spec
     raise ValueError(f"calibrate needs repeats >= 1, got {repeats}")
   spec = spec if spec.goodput is not None else dataclasses.replace(spec, goodput=Goodput())
 
-  def per_step(k, warmup):  # seconds of one loop step drafting k
-    return speculative_generate(params, config, prompts, drafter, spec, drafter_params, key,
-                                mesh, warmup, step_costs=forcing(k, spec.k + 1),
-                                new_tokens=n).step_s
-
-  # The first run compiles apart (warm-up); the rest reuse its program.
-  times = np.array([[per_step(k, warmup=r == k == 0) for k in range(spec.k + 1)]
-                    for r in range(repeats)])
+  program = spec_program(params, config, drafter, spec, drafter_params,
+                         forcing(0, spec.k + 1))  # warm_states forces each length in turn
+  times = engine.step_seconds(params, config, prompts, spec, program, key, mesh, n, repeats)
   return np.maximum.accumulate(np.median(times, axis=0)).astype(np.float32)  # [K + 1]

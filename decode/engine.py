@@ -109,6 +109,41 @@ def decoding_params(params):
   return params if isinstance(params["layers"], tuple) else llama.unstack_layers(params)
 
 
+def _placed(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Program,
+            key: jax.Array | None, mesh: MeshConfig | None, new_tokens: int | None):
+  """run's set-up: the prompts checked and packed, params, cache and batch placed. Returns
+  (params, cache, begin: (cache, budget) -> the loop state after the prefill, budget, the
+  context the loop runs in)."""
+  gen.check_vocab(config.vocab_size)
+  budget = gen.max_new_tokens if new_tokens is None else new_tokens
+  integral = isinstance(budget, numbers.Integral) and not isinstance(budget, bool)
+  if not (integral and 1 <= budget <= gen.max_new_tokens):  # numpy ints are fine
+    raise ValueError(f"new_tokens must be an int in [1, max_new_tokens={gen.max_new_tokens}], "
+                     f"got {new_tokens!r}")
+  tokens, lengths = pack_prompts(prompts, config.vocab_size, gen.prompt_bucket)
+  check_room(int(lengths.max()), gen.max_new_tokens, config.max_seq_len, extra=program.extra_slots)
+  max_len = tokens.shape[1] + gen.max_new_tokens + program.extra_slots
+  key = jax.random.key(0) if key is None else key
+  params, cache, tokens, lengths = place(
+      params, config, KVCache.init(config, len(lengths), max_len, per_layer=True), tokens,
+      lengths, mesh)
+  begin = lambda cache, budget: start(params, config, program, tokens, lengths, cache, key,
+                                     max_len, budget)
+  # The attention kernel reads the mesh in context to run per shard (shard_map); XLA's own
+  # attention is partitioned from the arrays' shardings alone.
+  kernel_mesh = mesh is not None and config.runtime.attention_impl != "xla"
+  context = jax.set_mesh(sharding.make_mesh(mesh)) if kernel_mesh else contextlib.nullcontext()
+  return params, cache, begin, int(budget), context
+
+
+def _warm_up(params, program: Program, begin, cache, budget: int, watch) -> None:
+  """Compiles the prefill and the loop and runs one loop step (the prefill's token and one
+  more) from each of program.warm_states, on a copy of the cache."""
+  warm = begin(jax.tree.map(jnp.copy, cache), min(2, budget))
+  for state in program.warm_states(warm):
+    jax.block_until_ready(program.loop(params, state, watch))
+
+
 def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Program,
         key: jax.Array | None, mesh: MeshConfig | None, warmup: bool,
         new_tokens: int | None = None) -> tuple[Any, DecodeOutput]:
@@ -123,36 +158,15 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
   new_tokens: this run's most new tokens per prompt (None: gen.max_new_tokens, which sizes the
   compiled loop; fewer reuse it).
   """
-  gen.check_vocab(config.vocab_size)
-  budget = gen.max_new_tokens if new_tokens is None else new_tokens
-  integral = isinstance(budget, numbers.Integral) and not isinstance(budget, bool)
-  if not (integral and 1 <= budget <= gen.max_new_tokens):  # numpy ints are fine
-    raise ValueError(f"new_tokens must be an int in [1, max_new_tokens={gen.max_new_tokens}], "
-                     f"got {new_tokens!r}")
-  budget = int(budget)
-  tokens, lengths = pack_prompts(prompts, config.vocab_size, gen.prompt_bucket)
-  check_room(int(lengths.max()), gen.max_new_tokens, config.max_seq_len, extra=program.extra_slots)
-  b = len(lengths)
-  max_len = tokens.shape[1] + gen.max_new_tokens + program.extra_slots
-  key = jax.random.key(0) if key is None else key
-  params, cache, tokens, lengths = place(
-      params, config, KVCache.init(config, b, max_len, per_layer=True), tokens, lengths, mesh)
-
-  begin = lambda cache, budget: start(params, config, program, tokens, lengths, cache, key,
-                                     max_len, budget)
-
-  # The attention kernel reads the mesh in context to run per shard (shard_map); XLA's own
-  # attention is partitioned from the arrays' shardings alone.
-  kernel_mesh = mesh is not None and config.runtime.attention_impl != "xla"
+  params, cache, begin, budget, context = _placed(params, config, prompts, gen, program, key,
+                                                  mesh, new_tokens)
+  b = len(prompts)
   watch = np.zeros((b,), bool)  # a fixed batch: every row runs to its end
-  with jax.set_mesh(sharding.make_mesh(mesh)) if kernel_mesh else contextlib.nullcontext():
+  with context:
     compile_s = None  # no warm-up: the timings include compiling (DecodeOutput says so)
     if warmup:
       t = time.perf_counter()
-      # one loop step: the prefill's token and one more
-      warm = begin(jax.tree.map(jnp.copy, cache), min(2, budget))
-      for state in program.warm_states(warm):
-        jax.block_until_ready(program.loop(params, state, watch))
+      _warm_up(params, program, begin, cache, budget, watch)
       compile_s = time.perf_counter() - t
     t0 = time.perf_counter()
     state = jax.block_until_ready(begin(cache, budget))
@@ -164,3 +178,29 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
   out = [buffer[i, first[i]:first[i] + n[i]].tolist() for i in range(b)]
   return state, DecodeOutput(tokens=out, prefill_s=t1 - t0, decode_s=t2 - t1,
                              forwards=int(state.forwards), compile_s=compile_s)
+
+
+def step_seconds(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Program,
+                 key: jax.Array | None, mesh: MeshConfig | None, new_tokens: int,
+                 repeats: int) -> np.ndarray:
+  """[repeats, n] seconds of one loop step over `new_tokens` new tokens from each of the n
+  states program.warm_states gives (goodput's: one per draft length, that length forced),
+  rounds of them in turn, after a warm-up. Every run starts from a copy of one timed-apart
+  prefill: timing a step needs no prefill of its own (calibrating at batch 8 on a 2-core CPU
+  spent ~60 s of ~90 in 16 prefills of the same 8 prompts)."""
+  params, cache, begin, budget, context = _placed(params, config, prompts, gen, program, key,
+                                                  mesh, new_tokens)
+  watch = np.zeros((len(prompts),), bool)
+  times = []
+  with context:
+    _warm_up(params, program, begin, cache, budget, watch)
+    state = jax.block_until_ready(begin(cache, budget))
+    for _ in range(repeats):
+      times.append([])
+      # warm_states copies each state it gives (the loop donates it) where a loop has several;
+      # the outer copy keeps `state` for the next round whatever the program.
+      for run in program.warm_states(jax.tree.map(jnp.copy, state)):
+        t = time.perf_counter()
+        run = jax.block_until_ready(program.loop(params, run, watch))
+        times[-1].append((time.perf_counter() - t) / max(int(run.forwards) - 1, 1))
+  return np.array(times)
