@@ -2,8 +2,9 @@
 autoregressive decoding in the same process, on the same prompts, compile time apart.
 
 One row per method and panel: tau, acceptance by position, draft tokens checked per step,
-tokens/s, speedup over AR (of the whole call, and of its decode loop alone: the prefill is the
-same work for every method), speedup/tau, greedy rows identical to AR's, compile seconds, the
+tokens/s, speedup over AR (of the whole call; and of its decode loop alone, the prefill being the
+same work for every method, as the median over rounds of each round's ratio to that round's AR
+runs), speedup/tau, greedy rows identical to AR's, compile seconds, the
 drafter's own params (MB), the device's peak memory where the backend reports it, and at batch 1
 where a step's time goes, in one-token target forwards timed alone: the verify forward (timed
 alone for that many tokens) and the rest (drafting and the loop's own work).
@@ -120,12 +121,17 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
     # Each panel compiles its own loops; dropped when it ends (memory-map limit on long runs),
     # kept until then so a later round reuses them.
     jax.clear_caches()
-    base, decode_base = (max(r[rate] for r in panel if r["drafter"] is None)
-                         for rate in ("tokens_per_s", "decode_tokens_per_s"))
-    for row in panel:  # decode_speedup: of the decode loops alone (None: no decode step ran)
+    base = max(r["tokens_per_s"] for r in panel if r["drafter"] is None)
+    # decode_speedup pairs each round with its own AR runs (the mean of the first and the last):
+    # the machine's speed moves more between rounds than within one.
+    round_ar = [statistics.mean(rates) for rates in zip(
+        *(r["decode_tokens_per_s_rounds"] for r in panel if r["drafter"] is None))]
+    for row in panel:
       row |= dict(speedup=row["tokens_per_s"] / base,
                   speedup_per_tau=row["tokens_per_s"] / base / row["tau"],
-                  decode_speedup=row["decode_tokens_per_s"] / decode_base if decode_base else None)
+                  decode_speedup=statistics.median(  # None: no decode step ran
+                      x / a for x, a in zip(row["decode_tokens_per_s_rounds"], round_ar))
+                  if all(round_ar) else None)
     if echo is not None:
       echo(f"{suite} b{batch} {sampling_name(temperature)}, x AR: "
            + ", ".join(f"{r['method']} {r['speedup']:.2f}" for r in panel if r["drafter"]))
