@@ -2,12 +2,12 @@
 autoregressive decoding in the same process, on the same prompts, compile time apart.
 
 One row per method and panel: tau, acceptance by position, draft tokens checked per step,
-tokens/s, speedup over AR (of the whole call; and of its decode loop alone, the prefill being the
-same work for every method, as the median over rounds of each round's ratio to that round's AR
-runs), speedup/tau, greedy rows identical to AR's, compile seconds, the
-drafter's own params (MB), the device's peak memory where the backend reports it, and at batch 1
-where a step's time goes, in one-token target forwards timed alone: the verify forward (timed
-alone for that many tokens) and the rest (drafting and the loop's own work).
+tokens/s, speedup over AR (of the whole call; and of its decode loop alone, the prefill being
+the same work for every method, as the median over rounds of each round's ratio to that round's
+AR runs), speedup/tau, greedy rows identical to AR's, compile seconds, the drafter's own params
+(MB), the device's peak memory where the backend reports it, and at batch 1 where a step's time
+goes, in one-token target forwards timed alone: the verify forward (timed alone for that many
+tokens) and the rest (drafting and the loop's own work).
 
 With cfg.repeats > 1 a panel runs its methods that many rounds, round-robin (AR, each method, AR
 again, then all of them again), and a row's tokens/s (and step split) is the median of its

@@ -186,8 +186,8 @@ def step_seconds(params, config: LlamaConfig, prompts, gen: GenerateConfig, prog
   """[repeats, n] seconds of one loop step over `new_tokens` new tokens from each of the n
   states program.warm_states gives (goodput's: one per draft length, that length forced),
   rounds of them in turn, after a warm-up. Every run starts from a copy of one timed-apart
-  prefill: timing a step needs no prefill of its own (calibrating at batch 8 on a 2-core CPU
-  spent ~60 s of ~90 in 16 prefills of the same 8 prompts)."""
+  prefill: timing a step needs no prefill of its own (a goodput calibration at batch 8 on a
+  2-core CPU took 108 s with a prefill per run, 49-51 s from one)."""
   params, cache, begin, budget, context = _placed(params, config, prompts, gen, program, key,
                                                   mesh, new_tokens)
   watch = np.zeros((len(prompts),), bool)

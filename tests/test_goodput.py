@@ -539,9 +539,9 @@ def test_calibrate_times_every_length_in_the_serving_loop(tiny):
 
 def test_calibration_times_every_length_from_one_prefill(tiny, monkeypatch):
   """The warm-up's prefill and one timed one, whatever k and the rounds: every length's runs
-  start from copies of it (a prefill each before: 16 of the same 8 prompts at batch 8 were ~60 s
-  of a ~90 s calibration on a 2-core CPU). A loop with one step program runs each round from a
-  copy too (the loop donates its state)."""
+  start from copies of it (a prefill each before: a calibration at batch 8 on a 2-core CPU took
+  108 s, 49-51 s from one prefill). A loop with one step program runs each round from a copy
+  too (the loop donates its state)."""
   cfg, params = tiny
   budgets, real = [], engine.start
   monkeypatch.setattr(engine, "start", lambda *a: budgets.append(int(a[-1])) or real(*a))
