@@ -219,8 +219,8 @@ def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
   best = jnp.argmax(rate * (1 + goodput.margin) >= rate.max()).astype(jnp.int32)
   may_draft = jnp.isfinite(state.step_costs[1:])  # [K]
   probe = (best == 0) & probe_due(state) & may_draft.any()
-  probe_k = 1 + jnp.argmax(jnp.where(may_draft, rate[1:], -jnp.inf)).astype(jnp.int32)  # a
-  # finite cost even where no row is active (every rate 0)
+  # masked: a finite-cost length even where no row is active (every rate 0)
+  probe_k = 1 + jnp.argmax(jnp.where(may_draft, rate[1:], -jnp.inf)).astype(jnp.int32)
   return jnp.where(probe, probe_k, best)
 
 
