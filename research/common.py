@@ -10,7 +10,12 @@ import jax
 import jax.numpy as jnp
 
 from speculax.bench.measure import forward_seconds
+from speculax.bench.methods import build_drafter
+from speculax.cli.args import add_drafter, check_drafter_options, drafter_options
+from speculax.drafters import heads_io, registry
+from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models.assets import humaneval_prompts
+from speculax.models.load import load
 
 # Where research scripts write: never over the committed results/ unless told (`--out results`
 # refreshes the README's tables).
@@ -26,17 +31,37 @@ def add_target_and_out(ap) -> None:
                        "ones)")
 
 
-def add_loop_runs(ap, prompts: int, heads: bool = False) -> None:
-  """--prompts, --batch, --repeats, --new-tokens, -k (and --heads): the interleaved loop
-  comparisons of research/goodput_*.py."""
+def add_loop_runs(ap, prompts: int, drafter: bool = False) -> None:
+  """--prompts, --batch, --repeats, --new-tokens, -k (and with `drafter` --drafter with every
+  option `speculax generate` takes, read back by loop_drafter): the interleaved loop comparisons
+  of research/goodput_*.py."""
   ap.add_argument("--prompts", type=int, default=prompts, help="prompts (a multiple of --batch)")
   ap.add_argument("--batch", type=int, default=1, help="prompts decoded at once")
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--new-tokens", type=int, default=48)
-  ap.add_argument("-k", type=int, default=4, help="the most a step drafts")
-  if heads:
-    ap.add_argument("--heads", default=None,
-                    help="a trained drafter's run folder (default: prompt lookup)")
+  if drafter:  # default None: prompt lookup, or the kind a --heads run folder holds
+    add_drafter(ap, default=None, allow_none=False, k=4)
+  else:
+    ap.add_argument("-k", type=int, default=4, help="the most a step drafts")
+
+
+def loop_drafter(args, model) -> registry.LoadedDrafter:
+  """The drafter add_loop_runs(drafter=True)'s flags name for the loaded target: --drafter and
+  its options; without --drafter, the kind a --heads run folder holds, else prompt lookup."""
+  kind = args.drafter or (heads_io.saved_kind(args.heads) if args.heads else PromptLookup.name)
+  options, fields = drafter_options(args)
+  check_drafter_options(kind, options, fields)
+  return build_drafter(kind, model, load, options, args.k, fields)
+
+
+def drafter_label(args) -> str:
+  """loop_drafter's drafter as a run's JSON names it: the --heads run folder, or the kind and
+  the options given ("draft-model draft_layers=1")."""
+  if args.heads:
+    return args.heads
+  options, fields = drafter_options(args)
+  given = [f"{n}={v}" for n, v in {**options, **fields}.items() if v is not None]
+  return " ".join([args.drafter or PromptLookup.name, *given])
 
 
 def parse_loop_runs(ap, argv):

@@ -14,6 +14,8 @@ loops' (how far one calibration on this machine strays from the loop's own step 
 
   .venv/bin/python -m speculax.research.goodput_overhead [--prompts 2] [--batch 1]
       [--repeats 3] [--heads results/drafters/eagle-ttt-smollm2] [--calibrations 0]
+      [--drafter draft-model --draft-layers 1]  (any drafter, as `speculax generate` takes it;
+      default prompt lookup, or the kind a --heads folder holds)
 """
 from __future__ import annotations
 
@@ -28,11 +30,10 @@ from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.goodput import Goodput, forcing
 from speculax.decode.speculative import speculative_generate
-from speculax.drafters import registry
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models.load import load
-from speculax.research.common import (add_loop_runs, add_target_and_out, median,
-                                      parse_loop_runs, prompt_batches)
+from speculax.research.common import (add_loop_runs, add_target_and_out, drafter_label,
+                                      loop_drafter, median, parse_loop_runs, prompt_batches)
 
 
 def overhead_runs(params, config, prompts, drafter, dparams, k: int, new_tokens: int,
@@ -78,16 +79,13 @@ def interleaved(runs: dict, rounds: int) -> tuple[dict, dict]:
 def main(argv: list[str] | None = None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add_target_and_out(ap)
-  add_loop_runs(ap, prompts=2, heads=True)
+  add_loop_runs(ap, prompts=2, drafter=True)
   ap.add_argument("--calibrations", type=int, default=0,
                   help="then calibrate this many times on the first batch")
   args = parse_loop_runs(ap, argv)
   model = load(args.model)
   batches = prompt_batches(args, model.tokenizer)
-  drafter, dparams = PromptLookup(), None
-  if args.heads:
-    loaded = registry.load(args.heads, model)
-    drafter, dparams = loaded.drafter, loaded.params
+  drafter, dparams = loop_drafter(args, model)
   step_ms = {}
   for p in batches:  # each batch's loops interleaved, the rounds pooled over batches
     runs = overhead_runs(model.params, model.config, p, drafter, dparams, args.k,
@@ -95,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, ms in interleaved(runs, args.repeats)[0].items():
       step_ms.setdefault(name, []).extend(ms)
   ar = median(step_ms["autoregressive"])
-  result = dict(machine=machine(), drafter=args.heads or "prompt lookup",
+  result = dict(machine=machine(), drafter=drafter_label(args),
                 prompts=args.prompts, batch=args.batch, repeats=args.repeats,
                 new_tokens=args.new_tokens, step_ms=step_ms,
                 median_ms={n: median(v) for n, v in step_ms.items()})
@@ -113,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                   " ".join(f"{c / row[0]:.2f}" for c in row)] for i, row in enumerate(costs)]))
     print(f"the forced loops: a one-draft step is {forced[1] / forced[0]:.2f} plain steps")
   args.out.mkdir(parents=True, exist_ok=True)
-  name = ("goodput_overhead" + ("" if not args.heads else f"_{drafter.name}")
+  name = ("goodput_overhead" + ("" if isinstance(drafter, PromptLookup) else f"_{drafter.name}")
           + ("" if args.batch == 1 else f"_b{args.batch}"))
   (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
 

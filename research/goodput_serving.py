@@ -12,7 +12,8 @@ carried from request to request in the one loop state.
 
   .venv/bin/python -m speculax.research.goodput_serving [--suite humaneval] [--prompts 32]
       [--batch 8] [--repeats 2] [-k 4] [--heads results/drafters/eagle-ttt-smollm2]
-      [--margin 0.1] [--answer-bins 16,64] [--continuous]
+      [--margin 0.1] [--answer-bins 16,64] [--continuous] [--drafter KIND ...] (any drafter, as
+      `speculax generate` takes it; default prompt lookup, or the kind a --heads folder holds)
 """
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.goodput import Goodput
 from speculax.decode.inputs import compiled_shape
-from speculax.drafters import registry
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models.load import load
-from speculax.research.common import add_loop_runs, add_target_and_out, median, parse_loop_runs
+from speculax.research.common import (add_loop_runs, add_target_and_out, drafter_label,
+                                      loop_drafter, median, parse_loop_runs)
 from speculax.serve.loop import serve
 
 
@@ -84,7 +85,7 @@ def stream_runs(model, stream, drafter, dparams, k: int, batch: int, new_tokens:
 def main(argv: list[str] | None = None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add_target_and_out(ap)
-  add_loop_runs(ap, prompts=32, heads=True)
+  add_loop_runs(ap, prompts=32, drafter=True)
   ap.add_argument("--suite", default="humaneval", choices=("humaneval", "chat"))
   ap.add_argument("--continuous", action="store_true",
                   help="serve with continuous batching (a finished row refilled with the next)")
@@ -96,10 +97,7 @@ def main(argv: list[str] | None = None) -> None:
   args = parse_loop_runs(ap, argv)
   model = load(args.model)
   stream = suites.encode(model.tokenizer, suites.suite(args.suite, args.prompts))
-  drafter, dparams = PromptLookup(), None
-  if args.heads:
-    loaded = registry.load(args.heads, model)
-    drafter, dparams = loaded.drafter, loaded.params
+  drafter, dparams = loop_drafter(args, model)
   policy = Goodput(margin=args.margin)
   policies = (policy,) + ((Goodput(margin=args.margin, answer_bins=args.answer_bins),)
                           if args.answer_bins else ())
@@ -116,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
       if steps is not None:
         k_steps[name] = steps.tolist()  # the last round's
   ar = median(rate["autoregressive"])
-  result = dict(machine=machine(), drafter=args.heads or "prompt lookup", suite=args.suite,
+  result = dict(machine=machine(), drafter=drafter_label(args), suite=args.suite,
                 prompts=args.prompts, batch=args.batch, repeats=args.repeats, k=args.k,
                 margin=args.margin, answer_bins=args.answer_bins, continuous=args.continuous,
                 new_tokens=args.new_tokens, step_costs=costs.tolist(), tokens_per_s=rate,
@@ -125,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
               [[n, median(v), " ".join(f"{x:.1f}" for x in v), median(v) / ar,
                 "/".join(map(str, k_steps.get(n, []))) or "-"] for n, v in rate.items()]))
   args.out.mkdir(parents=True, exist_ok=True)
-  name = (f"goodput_serving_{args.suite}" + ("" if not args.heads else f"_{drafter.name}")
+  name = (f"goodput_serving_{args.suite}" + ("" if isinstance(drafter, PromptLookup) else f"_{drafter.name}")
           + f"_b{args.batch}" + ("" if args.new_tokens == ap.get_default("new_tokens")
                                             else f"_n{args.new_tokens}")
           + ("" if args.margin == Goodput().margin else f"_m{args.margin:g}")

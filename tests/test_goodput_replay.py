@@ -67,3 +67,36 @@ def test_new_tokens_below_one_is_a_usage_error(tmp_path, capsys):
   with pytest.raises(SystemExit):
     goodput_replay.main(["--bench", str(bench), "--new-tokens", "0"])
   assert "--new-tokens must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_loop_scripts_build_any_drafter_from_generate_flags(tiny, tmp_path):
+  """research/goodput_overhead and goodput_serving take --drafter and its options as `speculax
+  generate` does: a cut draft model by its layers, a run folder's own kind without --drafter,
+  prompt lookup by default, and an option the kind does not take refused before any build."""
+  import argparse
+
+  from speculax.drafters import heads_io
+  from speculax.drafters.draft_model import DraftModel
+  from speculax.drafters.medusa import Medusa
+  from speculax.research.common import add_loop_runs, drafter_label, loop_drafter
+
+  from test_hydra import random_params
+
+  cfg, params = tiny
+  model = types.SimpleNamespace(params=params, config=cfg)
+  ap = argparse.ArgumentParser()
+  add_loop_runs(ap, prompts=2, drafter=True)
+  args = ap.parse_args(["--drafter", "draft-model", "--draft-layers", "1", "-k", "2"])
+  drafter, dparams = loop_drafter(args, model)
+  assert isinstance(drafter, DraftModel) and drafter.config.n_layers == 1 < cfg.n_layers
+  assert drafter_label(args) == "draft-model draft_layers=1"
+  heads_io.save_drafter(tmp_path, Medusa(3), random_params(Medusa(3), cfg), "tiny", cfg, 5)
+  args = ap.parse_args(["--heads", str(tmp_path), "-k", "3"])
+  drafter, dparams = loop_drafter(args, model)
+  assert isinstance(drafter, Medusa) and dparams is not None
+  assert drafter_label(args) == str(tmp_path)
+  args = ap.parse_args([])
+  assert isinstance(loop_drafter(args, model).drafter, PromptLookup) and args.k == 4
+  assert drafter_label(args) == "prompt-lookup"
+  with pytest.raises(ValueError, match="draft-model takes no option skip"):
+    loop_drafter(ap.parse_args(["--drafter", "draft-model", "--skip", "3"]), model)
