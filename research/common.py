@@ -45,13 +45,19 @@ def add_loop_runs(ap, prompts: int, drafter: bool = False) -> None:
     ap.add_argument("-k", type=int, default=4, help="the most a step drafts")
 
 
-def loop_drafter(args, model) -> registry.LoadedDrafter:
-  """The drafter add_loop_runs(drafter=True)'s flags name for the loaded target: --drafter and
-  its options; without --drafter, the kind a --heads run folder holds, else prompt lookup."""
+def _drafter_kind(args) -> str:
+  """--drafter, or without it the kind a --heads run folder holds, else prompt lookup; the
+  options checked against it (ValueError, FileNotFoundError for a folder with no drafter)."""
   kind = args.drafter or (heads_io.saved_kind(args.heads) if args.heads else PromptLookup.name)
+  check_drafter_options(kind, *drafter_options(args))
+  return kind
+
+
+def loop_drafter(args, model) -> registry.LoadedDrafter:
+  """The drafter add_loop_runs(drafter=True)'s flags name (_drafter_kind) for the loaded
+  target."""
   options, fields = drafter_options(args)
-  check_drafter_options(kind, options, fields)
-  return build_drafter(kind, model, load, options, args.k, fields)
+  return build_drafter(_drafter_kind(args), model, load, options, args.k, fields)
 
 
 def drafter_label(args) -> str:
@@ -65,11 +71,17 @@ def drafter_label(args) -> str:
 
 
 def parse_loop_runs(ap, argv):
-  """The parsed arguments, a bad prompt count a usage error naming both counts."""
+  """The parsed arguments, a bad prompt count (and drafter flags that do not fit the drafter) a
+  usage error naming the values."""
   args = ap.parse_args(argv)
   if args.batch < 1 or args.prompts < args.batch or args.prompts % args.batch:
     ap.error(f"--prompts must be a positive multiple of --batch, got {args.prompts} and "
              f"{args.batch}")
+  if hasattr(args, "drafter"):  # before the model loads, which takes seconds
+    try:
+      _drafter_kind(args)
+    except (ValueError, FileNotFoundError) as e:
+      ap.error(str(e))
   return args
 
 

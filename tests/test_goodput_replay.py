@@ -69,7 +69,7 @@ def test_new_tokens_below_one_is_a_usage_error(tmp_path, capsys):
   assert "--new-tokens must be at least 1, got 0" in capsys.readouterr().err
 
 
-def test_loop_scripts_build_any_drafter_from_generate_flags(tiny, tmp_path):
+def test_loop_scripts_build_any_drafter_from_generate_flags(tiny, tmp_path, capsys):
   """research/goodput_overhead and goodput_serving take --drafter and its options as `speculax
   generate` does: a cut draft model by its layers, a run folder's own kind without --drafter,
   prompt lookup by default, and an option the kind does not take refused before any build."""
@@ -78,7 +78,8 @@ def test_loop_scripts_build_any_drafter_from_generate_flags(tiny, tmp_path):
   from speculax.drafters import heads_io
   from speculax.drafters.draft_model import DraftModel
   from speculax.drafters.medusa import Medusa
-  from speculax.research.common import add_loop_runs, drafter_label, loop_drafter
+  from speculax.research.common import (add_loop_runs, drafter_label, loop_drafter,
+                                        parse_loop_runs)
 
   from test_hydra import random_params
 
@@ -100,3 +101,9 @@ def test_loop_scripts_build_any_drafter_from_generate_flags(tiny, tmp_path):
   assert drafter_label(args) == "prompt-lookup"
   with pytest.raises(ValueError, match="draft-model takes no option skip"):
     loop_drafter(ap.parse_args(["--drafter", "draft-model", "--skip", "3"]), model)
+  # the scripts refuse them before loading the model: a usage error naming the value
+  for argv, says in ((["--drafter", "draft-model", "--skip", "3"], "takes no option skip"),
+                     (["--heads", str(tmp_path / "none")], "no head drafter in")):
+    with pytest.raises(SystemExit):
+      parse_loop_runs(ap, argv)
+    assert says in capsys.readouterr().err
