@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> None:
               [[n, median(v), " ".join(f"{x:.1f}" for x in v), median(v) / ar,
                 "/".join(map(str, k_steps.get(n, []))) or "-"] for n, v in rate.items()]))
   args.out.mkdir(parents=True, exist_ok=True)
-  name = (f"goodput_serving_{args.suite}" + ("" if isinstance(drafter, PromptLookup) else f"_{drafter.name}")
+  name = (f"goodput_serving_{args.suite}"
+          + ("" if isinstance(drafter, PromptLookup) else f"_{drafter.name}")
           + f"_b{args.batch}" + ("" if args.new_tokens == ap.get_default("new_tokens")
                                             else f"_n{args.new_tokens}")
           + ("" if args.margin == Goodput().margin else f"_m{args.margin:g}")

@@ -1,13 +1,20 @@
-"""research/goodput_replay: goodput's choices under fixed step costs, on the tiny target."""
+"""research/goodput_replay: goodput's choices under fixed step costs, on the tiny target; the
+loop scripts' drafter flags (research/common)."""
+import argparse
 import types
 
 import numpy as np
 import pytest
 
 from speculax.decode.goodput import Goodput
+from speculax.drafters import heads_io
+from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.medusa import Medusa
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.research import goodput_replay
+from speculax.research.common import add_loop_runs, drafter_label, loop_drafter, parse_loop_runs
 
+from test_hydra import random_params
 from tiny_prompts import PROMPTS
 
 COSTS = (1.0, 1.3, 1.4, 1.5)  # seconds of a step drafting 0..3, prompt lookup's shape
@@ -73,16 +80,6 @@ def test_loop_scripts_build_any_drafter_from_generate_flags(tiny, tmp_path, caps
   """research/goodput_overhead and goodput_serving take --drafter and its options as `speculax
   generate` does: a cut draft model by its layers, a run folder's own kind without --drafter,
   prompt lookup by default, and an option the kind does not take refused before any build."""
-  import argparse
-
-  from speculax.drafters import heads_io
-  from speculax.drafters.draft_model import DraftModel
-  from speculax.drafters.medusa import Medusa
-  from speculax.research.common import (add_loop_runs, drafter_label, loop_drafter,
-                                        parse_loop_runs)
-
-  from test_hydra import random_params
-
   cfg, params = tiny
   model = types.SimpleNamespace(params=params, config=cfg)
   ap = argparse.ArgumentParser()
