@@ -13,10 +13,12 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
 from speculax.decode.config import SpecConfig
+from speculax.decode.goodput import Goodput
 from speculax.decode.speculative import _start, block_shape, spec_loop
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.drafters.token_recycling import TokenRecycling
@@ -139,9 +141,13 @@ def spec_loop_args(cfg, drafter, spec, b=2, prompt=8):
   params = jax.eval_shape(lambda key: llama.unstack_layers(llama.init_params(cfg, key)),
                           KEY)
   cache = jax.eval_shape(lambda: KVCache.init(cfg, b, max_len, per_layer=True))
+  costs = estimate = None
+  if spec.goodput is not None:  # numpy: no eager op runs inside an abstract-only mesh
+    costs = np.linspace(1.0, 2.0, spec.k + 1, dtype=np.float32)
+    estimate = (np.zeros((spec.goodput.n_bins(drafter.signal_bins), spec.k), np.float32),) * 2
   start = lambda p, tokens, lengths, logits, c, key: _start(
       p, None, cfg, spec, drafter, tokens, lengths, logits, None, c, key, max_len,
-      spec.max_new_tokens, step_costs=None, estimate=None)
+      spec.max_new_tokens, step_costs=costs, estimate=estimate)
   state = jax.eval_shape(start, params, S((b, prompt), jnp.int32), S((b,), jnp.int32),
                          S((b, cfg.vocab_size), jnp.float32), cache, KEY)
   return params, None, cfg, spec, drafter, state, S((b,), jnp.bool_)
@@ -161,3 +167,20 @@ def test_speculative_loop_with_kernel_lowers(chip, backend, drafter):
   assert "stablehlo.while" in text
   assert_kernel(text, backend)  # one kernel function, called by each layer (unrolled)
   assert re.findall(r"call @(\w+)\(", text).count("_tree_attention") == cfg.n_layers
+
+
+@pytest.mark.parametrize("chip, backend", [("tpu-v5e", "mosaic-tpu"), ("h100", "mosaic-gpu")])
+def test_goodput_loop_with_kernel_lowers(chip, backend):
+  """The goodput loop (a chain of while loops, one per draft length 0..k, the choice made
+  inside the step from step costs and the estimate held as data) lowers for the chip with the
+  kernel in every length's verify forward: k + 1 forwards of n_layers attention calls each."""
+  cfg = get_preset("tiny").with_runtime(attention_impl="pallas")
+  spec = SpecConfig(max_new_tokens=8, k=3, goodput=Goodput())
+  with use_abstract_mesh(AbstractMesh((1,), ("data",), abstract_device=CHIPS[chip])):
+    args = spec_loop_args(cfg, PromptLookup(), spec)
+    text = spec_loop.trace(*args).lower(lowering_platforms=(CHIPS[chip].platform,)).as_text()
+  assert text.count("stablehlo.while") >= spec.k + 2  # the outer loop and one per length
+  assert_kernel(text, backend, count=spec.k + 1)  # a kernel per block width, 1..k + 1 tokens
+  # each block width's kernel wrapper, numbered apart by the lowering (_tree_attention_N)
+  calls = re.findall(r"call @(_tree_attention(?:_\d+)?)\(", text)
+  assert len(calls) == (spec.k + 1) * cfg.n_layers and len(set(calls)) == spec.k + 1, calls
