@@ -46,16 +46,14 @@ def add_loop_runs(ap, prompts: int, drafter: bool = False) -> None:
 
 
 def _drafter_kind(args) -> str:
-  """--drafter, or without it the kind a --heads run folder holds, else prompt lookup; the
-  options checked against it (ValueError, FileNotFoundError for a folder with no drafter)."""
-  kind = args.drafter or (heads_io.saved_kind(args.heads) if args.heads else PromptLookup.name)
-  check_drafter_options(kind, *drafter_options(args))
-  return kind
+  """--drafter, or without it the kind a --heads run folder holds (FileNotFoundError for a
+  folder with no drafter), else prompt lookup."""
+  return args.drafter or (heads_io.saved_kind(args.heads) if args.heads else PromptLookup.name)
 
 
 def loop_drafter(args, model) -> registry.LoadedDrafter:
-  """The drafter add_loop_runs(drafter=True)'s flags name (_drafter_kind) for the loaded
-  target."""
+  """The drafter add_loop_runs(drafter=True)'s flags name for the loaded target (options that do
+  not fit its kind: ValueError, from the registry)."""
   options, fields = drafter_options(args)
   return build_drafter(_drafter_kind(args), model, load, options, args.k, fields)
 
@@ -67,7 +65,7 @@ def drafter_label(args) -> str:
     return args.heads
   options, fields = drafter_options(args)
   given = [f"{n}={v}" for n, v in {**options, **fields}.items() if v is not None]
-  return " ".join([args.drafter or PromptLookup.name, *given])
+  return " ".join([_drafter_kind(args), *given])
 
 
 def parse_loop_runs(ap, argv):
@@ -79,7 +77,7 @@ def parse_loop_runs(ap, argv):
              f"{args.batch}")
   if hasattr(args, "drafter"):  # before the model loads, which takes seconds
     try:
-      _drafter_kind(args)
+      check_drafter_options(_drafter_kind(args), *drafter_options(args))
     except (ValueError, FileNotFoundError) as e:
       ap.error(str(e))
   return args
