@@ -2,20 +2,22 @@
 0..K that maximises the batch's expected tokens per second, and k = 0 is a plain decoding step
 (no draft, one target token per row).
 
-Expected tokens of a step drafting k: summed over the batch's active rows, 1 + sum_{j<=k}
-prod_{i<=j} a_i, with a_i the running estimate of P(draft i kept | drafts before it kept) for
-the row's signal bin (below); its cost: the measured seconds of one loop step drafting k at
-this batch (the step costs, decode/calibrate.py measures them). The costs are data of the loop
-state, not of its static config: one compiled loop serves any costs, so calibration times the
-serving loop itself and a measured cost vector is reused across calls. A cost of +inf takes
-that length out of the choice (calibration forces one length at a time this way). The choice is
-an argmax over K + 1 numbers inside the jitted loop, and the loop runs the chosen step's own
-program (a chain of loops, one per length), so a short draft pays only its own drafting and
-verify forward. Each step makes the next step's choice at its end (`GoodputState.choice`), so
-the loop's conditions only read it: a while loop's condition is launched from the host on
-every iteration on a GPU, where computing the choice there took ~10 small kernels outside the
-step's CUDA graph (the fixed loop's condition: 2), 0.4 ms of a 2.2 ms step under the profiler
-(H200, SmolLM2 at batch 8).
+Expected tokens of a step drafting k: summed over the rows that count, 1 + sum_{j<=k} prod_{i<=j}
+a_i, with a_i the running estimate of P(draft i kept | drafts before it kept) for the row's signal
+bin (below). Where finished rows are refilled (continuous batching), every running row counts; a
+batch that ends with its last row counts only the rows that may end last (`Goodput.weights`), since
+tokens that put a row further ahead buy that batch no time. Its cost: the measured seconds of one
+loop step drafting k at this batch (the step costs, decode/calibrate.py measures them). The costs
+are data of the loop state, not of its static config: one compiled loop serves any costs, so
+calibration times the serving loop itself and a measured cost vector is reused across calls. A cost
+of +inf takes that length out of the choice (calibration forces one length at a time this way). The
+choice is an argmax over K + 1 numbers inside the jitted loop, and the loop runs the chosen step's
+own program (a chain of loops, one per length), so a short draft pays only its own drafting and
+verify forward. Each step makes the next step's choice at its end (`GoodputState.choice`), so the
+loop's conditions only read it: a while loop's condition is launched from the host on every
+iteration on a GPU, where computing the choice there took ~10 small kernels outside the step's CUDA
+graph (the fixed loop's condition: 2), 0.4 ms of a 2.2 ms step under the profiler (H200, SmolLM2 at
+batch 8).
 
 The estimate is kept per bin of the drafter's own signal, what it knows of its next draft
 before drafting it (`Drafter.signal`: prompt lookup's match length; one bin for a drafter
@@ -95,6 +97,10 @@ class Goodput(Checked):
   # an estimate carried from call to call (`estimate`) otherwise starts the next answer from the
   # end of the last.
   answer_bins: tuple[int, ...] = field((), ge=1)
+  # In a batch that ends with its last row (no finished row is refilled), the rows whose tokens
+  # count in the choice: those at most lead * sqrt(t) tokens ahead of the row furthest behind,
+  # which has t tokens left to the budget (`weights`). None: every running row alike.
+  lead: float | None = field(0.5, ge=0)
 
   def __post_init__(self):
     super().__post_init__()
@@ -117,6 +123,23 @@ class Goodput(Checked):
     tokens it has emitted [b]; -1 where the row is done."""
     stretch = jnp.searchsorted(jnp.asarray(self.answer_bins, jnp.int32), n_out, side="right")
     return jnp.where(done, -1, signal * (len(self.answer_bins) + 1) + stretch).astype(jnp.int32)
+
+  def weights(self, n_out: jax.Array, done: jax.Array, budget: jax.Array,
+              refill: jax.Array) -> jax.Array:
+    """[b] float32 how much each row's expected tokens count in the choice, from the tokens each
+    row has emitted [b], done [b], the budget [] and whether finished rows are refilled []:
+    where they are, every running row alike (the stream's tokens per second); in a batch that
+    ends with its last row, only the rows that may end last. Tokens that put a row further
+    ahead of the one furthest behind buy no time there: the summed objective drafted on 69 of
+    105 steps with prompt lookup at batch 8 over 128 tokens, where no fixed length beat plain
+    decoding. Rows pull apart like random walks, by ~sqrt(steps left) tokens, so a row that
+    far ahead may still end last and one further ahead will not."""
+    running = ~done
+    if self.lead is None:
+      return running.astype(jnp.float32)
+    behind = jnp.min(jnp.where(done, budget, n_out))  # [] the row furthest behind's tokens
+    slack = self.lead * jnp.sqrt((budget - behind).astype(jnp.float32))
+    return (running & (refill | (n_out - behind <= slack))).astype(jnp.float32)
 
 
 def step_costs(costs, k: int) -> np.ndarray:
@@ -163,10 +186,11 @@ class GoodputState:
   probe_after: jax.Array  # [] int32 plain steps in a row before the next probe
   step_costs: jax.Array  # [K + 1] float32 seconds of a step drafting k (+inf: never)
   bins: jax.Array  # [b] int32 each row's signal bin for the next step (-1: the row is done)
+  weights: jax.Array  # [b] float32 how much each row counts in the next choice (Goodput.weights)
   choice: jax.Array  # [] int32 the k the next step drafts: `choose` of this state
 
   @classmethod
-  def init(cls, goodput: Goodput, step_costs: jax.Array, bins: jax.Array,
+  def init(cls, goodput: Goodput, step_costs: jax.Array, bins: jax.Array, weights: jax.Array,
            estimate: tuple[jax.Array, jax.Array]) -> GoodputState:
     """estimate: the (kept, reached) [c, K] counts to start from (zeros: every position at its
     prior; a previous call's to go on learning, as `estimate` checks them)."""
@@ -176,7 +200,7 @@ class GoodputState:
                 jnp.zeros((k + 1,), jnp.int32), jnp.zeros((), jnp.int32),
                 jnp.asarray(goodput.probe_every, jnp.int32),
                 jnp.asarray(step_costs, jnp.float32), jnp.asarray(bins, jnp.int32),
-                jnp.zeros((), jnp.int32))
+                jnp.asarray(weights, jnp.float32), jnp.zeros((), jnp.int32))
     return state.replace(choice=choose(goodput, state))
 
 
@@ -213,7 +237,7 @@ def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
   length beats every shorter one so; after probe_every plain steps in a row the drafting length
   of finite cost that rates best (state.probe_after of them: probe_every, or more after probes
   that changed nothing)."""
-  rows = jax.nn.one_hot(state.bins, state.kept.shape[0]).sum(0)  # [c] rows per bin (done: none)
+  rows = state.weights @ jax.nn.one_hot(state.bins, state.kept.shape[0])  # [c] (done: none)
   tokens = rows @ expected_tokens(acceptance(goodput, state))  # [K + 1] summed over rows
   rate = tokens / state.step_costs  # [K + 1]
   best = jnp.argmax(rate * (1 + goodput.margin) >= rate.max()).astype(jnp.int32)
@@ -225,17 +249,19 @@ def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
 
 
 def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
-            n_accepted: jax.Array, bins: jax.Array) -> GoodputState:
+            n_accepted: jax.Array, bins: jax.Array, weights: jax.Array) -> GoodputState:
   """After a step that drafted k (static): checked [b] drafts each row's verify looked at (k, or
   fewer with an adaptive length), n_accepted [b] kept, counted in the bin each row had before
-  the step (rows done before it count nothing); bins [b] the rows' bins for the next step. A
+  the step (rows done before it count nothing); bins and weights [b] the rows' for the next
+  step (Goodput.bins, Goodput.weights). A
   plain step (k = 0) leaves the estimate as it is and counts towards the next probe; a probe
   (a draft after probe_after plain steps) that leaves the choice plain lengthens the wait for
   the next one, and a drafting step that leads to another sets it back. The state returned
   holds its own choice for the next step."""
   steps = state.steps.at[k].add(1)
   if k == 0:
-    state = state.replace(steps=steps, plain_run=state.plain_run + 1, bins=bins)
+    state = state.replace(steps=steps, plain_run=state.plain_run + 1, bins=bins,
+                          weights=weights)
     return state.replace(choice=choose(goodput, state))
   probed = probe_due(state)  # this step was a probe (choose's condition, before it reset)
   pos = jnp.arange(state.kept.shape[1])[None]  # [1, K]
@@ -248,7 +274,7 @@ def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
   decay = goodput.decay ** seen  # [c, K]
   state = state.replace(
       kept=decay * state.kept + row_bin @ kept, reached=decay * state.reached + seen,
-      steps=steps, plain_run=jnp.zeros_like(state.plain_run), bins=bins)
+      steps=steps, plain_run=jnp.zeros_like(state.plain_run), bins=bins, weights=weights)
   choice = choose(goodput, state)
   longer = jnp.minimum(state.probe_after * goodput.probe_backoff, goodput.probe_every_max)
   probe_after = jnp.where(choice > 0, goodput.probe_every,

@@ -74,8 +74,8 @@ def emit(out, n_emit, s, eos_ids):
   return history, s.lengths + n_emit, n_emit, hit
 
 
-def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Drafter, k: int,
-          s: SpecState) -> SpecState:
+def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Drafter,
+          refill: jax.Array, k: int, s: SpecState) -> SpecState:
   b = s.history.shape[0]
   key, k_draft, k_verify = jax.random.split(s.key, 3)
   view = TargetView(params, s.cache, s.history, s.lengths)
@@ -110,7 +110,8 @@ def _step(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Draft
   accepted_at = s.accepted_at.at[:width - 1].add(accepted.sum(0))  # goodput: k <= spec.k
   gstate = s.goodput if spec.goodput is None else goodput.observe(
       spec.goodput, s.goodput, k, jnp.broadcast_to(checked, (b,)), n_acc,
-      row_bins(spec, drafter, dparams, dstate, after, config, n_out, done))
+      row_bins(spec, drafter, dparams, dstate, after, config, n_out, done),
+      spec.goodput.weights(n_out, done, s.budget, refill))
   return s.replace(
       cache=cache, history=history, lengths=lengths, n_out=n_out, drafter=dstate, key=key,
       done=done, forwards=s.forwards + 1, row_steps=s.row_steps + active.sum(),
@@ -134,10 +135,16 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
   spec.goodput each step drafts the k' in 0..k it picks, each k' its own program (a shorter
   draft pays only its own drafting and forward), and a drafter with max_lag catches up on the
   plain steps' tokens in one block before it drafts again, or once max_lag of them wait."""
-  step = functools.partial(_step, params, dparams, config, spec, drafter)
+  refill = jnp.any(watch)  # a finished row is refilled: goodput weighs every row alike
+  step = functools.partial(_step, params, dparams, config, spec, drafter, refill)
   running = lambda s: engine.running(s.done, watch)
   if spec.goodput is None:
     return jax.lax.while_loop(running, functools.partial(step, spec.k), state)
+  # The rows' weights are this call's (refilled or not; rows put in since the last step), and
+  # so is the first step's choice.
+  weights = spec.goodput.weights(state.n_out, state.done, state.budget, refill)
+  gstate = state.goodput.replace(weights=weights)
+  state = state.replace(goodput=gstate.replace(choice=goodput.choose(spec.goodput, gstate)))
   choice = lambda s: s.goodput.choice  # made by the step before (goodput.observe)
   view = lambda s: TargetView(params, s.cache, s.history, s.lengths)
   lag = lambda s: jnp.where(s.done, 0, drafter.lag(s.drafter, view(s)))  # [b]
@@ -189,7 +196,8 @@ def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidd
   dstate = drafter.init(dparams, view, config, max_len)
   gstate = None if spec.goodput is None else goodput.GoodputState.init(
       spec.goodput, step_costs,
-      row_bins(spec, drafter, dparams, dstate, view, config, n_out, done), estimate)
+      row_bins(spec, drafter, dparams, dstate, view, config, n_out, done),
+      spec.goodput.weights(n_out, done, budget, jnp.zeros((), bool)), estimate)
   return SpecState(
       cache=cache, history=history, lengths=lengths, n_out=n_out, done=done,
       drafter=dstate, key=key,

@@ -48,9 +48,20 @@ INF = float("inf")
 def _state(kept, reached, costs=COSTS, plain_run=0, bins=(0,)):
   """One signal bin (kept, reached [K]) or several ([c, K]); one active row in bin 0."""
   as2 = lambda x: jnp.atleast_2d(jnp.asarray(x, jnp.float32))  # [c, K]
+  bins = jnp.asarray(bins, jnp.int32)
   return GoodputState(as2(kept), as2(reached), jnp.zeros((len(costs),), jnp.int32),
                       jnp.array(plain_run), jnp.array(16), jnp.asarray(costs, jnp.float32),
-                      jnp.asarray(bins, jnp.int32), jnp.zeros((), jnp.int32))
+                      bins, running(bins), jnp.zeros((), jnp.int32))
+
+
+def running(bins):
+  """[b] float32 every running row (bin >= 0) weighed alike: Goodput(lead=None)'s weights."""
+  return (jnp.asarray(bins) >= 0).astype(jnp.float32)
+
+
+def observe(g, state, k, checked, n_accepted, bins):
+  """goodput.observe with every running row of the next step weighed alike."""
+  return goodput.observe(g, state, k, checked, n_accepted, bins, running(bins))
 
 
 def test_choice_follows_acceptance_and_costs():
@@ -140,13 +151,13 @@ def test_observe_counts_reached_and_kept_positions():
   s = _state([1.0] * 3, [2.0] * 3, plain_run=5, bins=[0, 0, 0, -1])
   nxt = jnp.array([0, 0, -1, -1])  # row 2 finished in the step
   # a plain step observes nothing: the counts stay, and it counts towards the next probe
-  plain = goodput.observe(g, s, 0, jnp.zeros((4,), jnp.int32), jnp.zeros((4,), jnp.int32), nxt)
+  plain = observe(g, s, 0, jnp.zeros((4,), jnp.int32), jnp.zeros((4,), jnp.int32), nxt)
   np.testing.assert_allclose(plain.kept, s.kept)
   np.testing.assert_allclose(plain.reached, s.reached)
   assert plain.steps.tolist() == [1, 0, 0, 0] and int(plain.plain_run) == 6
   assert plain.bins.tolist() == nxt.tolist()
   # rows: 0 kept nothing of 3; 1 kept 2 of 3; 2 (adaptive length 1) kept 1; 3 done before.
-  s = goodput.observe(g, s, 3, jnp.array([3, 3, 1, 3]), jnp.array([0, 2, 1, 3]), nxt)
+  s = observe(g, s, 3, jnp.array([3, 3, 1, 3]), jnp.array([0, 2, 1, 3]), nxt)
   # 3 rows reached draft 1 and 1 row drafts 2 and 3: each position's counts decay by 0.5 per
   # outcome it adds
   decayed = 0.5 ** np.array([3, 1, 1])
@@ -158,7 +169,7 @@ def test_observe_counts_reached_and_kept_positions():
   # drafter never kept takes plain steps until the probe after 16 of them
   state, zeros = s.replace(kept=jnp.zeros_like(s.kept), plain_run=jnp.array(14)), jnp.zeros(4, int)
   for want in (0, 1):
-    state = goodput.observe(g, state, 0, zeros, zeros, nxt)
+    state = observe(g, state, 0, zeros, zeros, nxt)
     assert int(state.choice) == int(goodput.choose(g, state)) == want
 
 
@@ -166,8 +177,7 @@ def test_observe_counts_each_row_in_its_signal_bin():
   g = Goodput(decay=0.5)
   s = _state([[2, 0], [4, 2], [2, 2]], [[2, 2], [4, 4], [2, 2]], costs=COSTS[:3],
              bins=[2, 0, 2, -1])
-  s = goodput.observe(g, s, 2, jnp.array([2, 2, 2, 2]), jnp.array([2, 0, 1, 2]),
-                      jnp.array([1, 1, 0, -1]))
+  s = observe(g, s, 2, jnp.array([2, 2, 2, 2]), jnp.array([2, 0, 1, 2]), jnp.array([1, 1, 0, -1]))
   # bins 0 and 2 had rows: each position decays by 0.5 per outcome it adds (bin 0: one at draft
   # 1, none at draft 2, which its row did not reach; bin 2: two at each) and counts them; bin 1
   # had none and keeps its counts; row 3 was done before the step and counts nowhere
@@ -186,18 +196,18 @@ def test_probes_that_change_nothing_come_ever_later():
   for _ in range(4):  # plain steps until the probe, then the probe: nothing kept
     plain = 0
     while int(state.choice) == 0:
-      state, plain = goodput.observe(g, state, 0, zeros, zeros, rows), plain + 1
+      state, plain = observe(g, state, 0, zeros, zeros, rows), plain + 1
     assert int(state.choice) == 1
-    state = goodput.observe(g, state, 1, jnp.array([1]), zeros, rows)
+    state = observe(g, state, 1, jnp.array([1]), zeros, rows)
     waits.append(plain)
   assert waits == [16, 32, 64, 64], waits
   # a probe whose draft is kept, often enough that drafting pays: the interval starts over
   state = state.replace(plain_run=jnp.array(64), kept=jnp.array([[39.0, 0.0, 0.0]]))
-  state = goodput.observe(g, state, 1, jnp.array([1]), jnp.array([1]), rows)
+  state = observe(g, state, 1, jnp.array([1]), jnp.array([1]), rows)
   assert int(state.choice) == 1 and int(state.probe_after) == 16
   # backoff 1: every probe after probe_every plain steps, as before backoff
   fixed = _state([0.0] * 3, [40.0] * 3, plain_run=16)
-  fixed = goodput.observe(Goodput(probe_backoff=1), fixed, 1, jnp.array([1]), zeros, rows)
+  fixed = observe(Goodput(probe_backoff=1), fixed, 1, jnp.array([1]), zeros, rows)
   assert int(fixed.choice) == 0 and int(fixed.probe_after) == 16
 
 
@@ -230,6 +240,26 @@ def test_choice_weighs_each_row_by_its_bin():
   unseen = _state(kept + [[0.0] * 3], [[50.0, 0, 0], [50.0] * 3, [0.0] * 3], bins=[2])
   np.testing.assert_allclose(goodput.acceptance(g, unseen)[2], goodput.acceptance(g, pooled)[0],
                              rtol=1e-6)
+
+
+def test_a_fixed_batch_weighs_the_rows_that_may_end_last():
+  """Rows 12 and 2 tokens ahead of the one furthest behind (10 emitted, 40 left): in a batch
+  that ends with its last row, the one 12 ahead counts at lead 2 but not at lead 1 (a slack of
+  sqrt(40) = 6.3 tokens); refilled, every running row counts; done rows never do."""
+  n_out, done = jnp.array([22, 10, 12, 30]), jnp.array([False, False, False, True])
+  weights = lambda g, refill: g.weights(n_out, done, jnp.array(50), jnp.array(refill)).tolist()
+  assert weights(Goodput(lead=1.0), False) == [0, 1, 1, 0]
+  assert weights(Goodput(lead=2.0), False) == [1, 1, 1, 0]
+  assert weights(Goodput(lead=0.0), False) == [0, 1, 0, 0]
+  assert weights(Goodput(), True) == weights(Goodput(lead=None), False) == [1, 1, 1, 0]
+  # a leading row in a bin whose drafts are always kept, the laggard in one never kept: the
+  # fixed batch takes plain steps (the leader's tokens buy no time), the refilled one drafts
+  # (two drafts: 4 tokens for 1.6 s, within the margin of three's 4.9 for 1.9 s)
+  s = _state([[0.0] * 3, [50.0] * 3], [[50.0, 0.0, 0.0], [50.0] * 3], bins=[1, 0])
+  assert int(goodput.choose(Goodput(), s)) == 2
+  assert int(goodput.choose(Goodput(), s.replace(weights=jnp.array([0.0, 1.0])))) == 0
+  with pytest.raises(ValueError, match="Goodput.lead must be a finite number >= 0 or None, got -1.0"):
+    Goodput(lead=-1.0)
 
 
 @pytest.mark.parametrize("costs,match", [
@@ -274,11 +304,10 @@ class Contrary(Drafter):
 
 
 @dataclasses.dataclass(frozen=True)
-class EveryThird(Drafter):
-  """Drafts the target's own greedy token where the pending token's position is a multiple of 3
-  and one past it elsewhere (its later drafts one past the first), and says which as its
-  signal: a drafter that knows before drafting whether its first draft will be kept."""
-  name: ClassVar[str] = "every-third"
+class Foresighted(Drafter):
+  """Drafts the target's own greedy token where its signal (a subclass's) is 1 and one past it
+  where it is 0 (its later drafts one past the first): a drafter that knows before drafting
+  whether its first draft will be kept."""
   summary: ClassVar[str] = "test drafter"
   signal_bins: ClassVar[int] = 2
 
@@ -290,8 +319,23 @@ class EveryThird(Drafter):
     tokens = (first[:, None] + jnp.minimum(jnp.arange(k), 1)) % config.vocab_size  # [b, k]
     return Draft(tokens.astype(jnp.int32), None), state, view
 
+
+@dataclasses.dataclass(frozen=True)
+class EveryThird(Foresighted):
+  """Kept where the pending token's position is a multiple of 3."""
+  name: ClassVar[str] = "every-third"
+
   def signal(self, params, state, view: TargetView, config):
     return ((view.lengths - 1) % 3 == 0).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstRow(Foresighted):
+  """Kept on the batch's first row only."""
+  name: ClassVar[str] = "first-row"
+
+  def signal(self, params, state, view: TargetView, config):
+    return (jnp.arange(view.lengths.shape[0]) == 0).astype(jnp.int32)
 
 
 def _spec(new, costs, **settings):
@@ -352,15 +396,20 @@ def test_the_loop_updates_cache_and_history_in_place(tiny):
 
 def test_prompt_lookup_on_a_repeating_target_drafts_long(tiny, tiny_reference):
   """The tiny random target falls into repeating a token or a short cycle, so prompt lookup's
-  drafts are mostly kept: with no margin goodput never stops drafting and drafts 2-3 a step, even
-  at 0.3 s a draft. Under costs shaped like prompt lookup's measured ones (its drafts cost no
-  forward, each past the first only a verify position: 1 : 1.28 : 1.38 : 1.39 at batch 1 in
-  bench_goodput_chain) it drafts 2-3 on most steps at the default margin too, where a longer
-  draft must beat every shorter one by 10% (at 0.3 s a draft: 1 on 6 of 13 steps). Greedy
-  equality holds."""
-  out = _run(tiny, PromptLookup(max_ngram=3), prompts=PROMPTS, new=NEW, margin=0.0)
-  assert out.tokens == [list(t) for t in tiny_reference]
-  assert out.k_steps[0] == 0 and out.mean_k > 2.0, out.k_steps  # of at most 3
+  drafts are mostly kept: with no margin, weighing every row's tokens (lead=None), goodput never
+  stops drafting and drafts 2-3 a step, even at 0.3 s a draft (weighing the rows that may end
+  last, it takes a plain step where those found nothing to copy). Under costs shaped like prompt
+  lookup's measured ones (its drafts cost no forward, each past the first only a verify
+  position: 1 : 1.28 : 1.38 : 1.39 at batch 1 in bench_goodput_chain) it drafts 2-3 on most
+  steps at the default margin and lead too, where a longer draft must beat every shorter one by
+  10% (at 0.3 s a draft: 1 on 6 of 13 steps). Greedy equality holds."""
+  for lead in (None, Goodput().lead):
+    out = _run(tiny, PromptLookup(max_ngram=3), prompts=PROMPTS, new=NEW, margin=0.0, lead=lead)
+    assert out.tokens == [list(t) for t in tiny_reference]
+    if lead is None:
+      assert out.k_steps[0] == 0 and out.mean_k > 2.0, out.k_steps  # of at most 3
+    else:
+      assert 0 < out.k_steps[0] <= 2 and out.mean_k > 1.5, out.k_steps
   out = _run(tiny, PromptLookup(max_ngram=3), prompts=PROMPTS, new=NEW, costs=(1.0, 1.3, 1.4, 1.5))
   assert out.tokens == [list(t) for t in tiny_reference]
   assert out.k_steps[2:].sum() >= 0.75 * out.k_steps.sum(), out.k_steps
@@ -379,6 +428,51 @@ def test_signal_bins_skip_the_drafts_they_predict_rejected(tiny, tiny_reference)
     if signal:
       assert out.k_steps[0] >= 8 and out.k_steps[1] >= 8, out.k_steps
   assert rejected[False] >= 8 and rejected[True] <= 3, rejected
+
+
+def test_a_fixed_batch_drafts_for_its_laggard_and_a_refilled_one_for_every_row(tiny,
+                                                                               tiny_reference):
+  """FirstRow's drafts are kept on row 0 only, and its estimate knows it (bin 1 always kept,
+  bin 0 never): one draft gives row 0 two tokens, row 1 one, for 1.3 plain steps. Summed over
+  both rows that pays (3 tokens against 2), so with lead=None every step drafts while row 0
+  runs, yet row 0 only gets ahead: the batch ends with row 1, after as many steps as plain
+  decoding. Weighing the rows that may end last (lead=0: the laggard alone), the loop drafts
+  while the rows are level (the first step) and on probes only. A loop whose finished rows are
+  refilled (a watched row: continuous batching) weighs every row whatever the lead, and the
+  weights are the call's from its first step: a row put ahead before the call counts nothing
+  at lead 0 when nothing is refilled. Greedy equality throughout."""
+  cfg, params = tiny
+  prompts, new = PROMPTS[:2], NEW
+  estimate = (np.array([[0.0], [1000.0]]), np.array([[1000.0], [1000.0]]))  # [bins, k]
+  runs = {}
+  for lead in (None, 0.0):
+    out = speculative_generate(params, cfg, prompts, FirstRow(), _spec(new, COSTS[:2], lead=lead),
+                               step_costs=COSTS[:2], estimate=estimate)
+    assert out.tokens == [list(t) for t in tiny_reference[:2]]
+    runs[lead] = out.k_steps.tolist()
+  # lead None: drafts until row 0 is done (10 steps of 2 tokens after the prefill's 1), then
+  # plain; lead 0: the first step, then plain but for one probe after 16 plain steps; 19 steps
+  # either way (row 1's tokens after the prefill's)
+  assert runs == {None: [9, 10], 0.0: [17, 2]}, runs
+  spec = _spec(new, COSTS[:2], lead=0.0)
+  program = speculative.spec_program(params, cfg, FirstRow(), spec, step_costs=COSTS[:2],
+                                     estimate=estimate)
+  tokens, lengths = (jnp.asarray(x) for x in pack_prompts(prompts, cfg.vocab_size, 1))
+  max_len = tokens.shape[1] + new + program.extra_slots
+  dparams = engine.decoding_params(params)
+  begin = lambda: engine.start(dparams, cfg, program, tokens, lengths,
+                               KVCache.init(cfg, 2, max_len, per_layer=True),
+                               jax.random.key(0), max_len, new)
+  # refilled rows (row 0 watched): every step drafts until row 0 is done
+  state = program.loop(dparams, begin(), jnp.array([True, False]))
+  assert state.goodput.steps.tolist() == [0, 10] and bool(state.done[0])
+  # row 0 put 10 tokens ahead before a fixed batch's call: its start chose a draft (rows level
+  # then), the call's first step re-chooses, plain
+  ahead = begin()
+  assert int(ahead.goodput.choice) == 1
+  ahead = ahead.replace(n_out=ahead.n_out.at[0].add(10))
+  state = program.loop(dparams, ahead, jnp.zeros((2,), bool))
+  assert state.goodput.steps.tolist() == [18, 1], state.goodput.steps  # one probe
 
 
 def test_eagle_goodput_equals_target_only(tiny, tiny_reference):

@@ -3,7 +3,8 @@
 and the shipped EAGLE drafter, and a drafter that is rarely accepted (a one-layer cut of the
 target as draft model), where goodput should settle on plain decoding; "no margin" rows take any
 draft that promises more tokens per second than a plain step (Goodput.margin = 0), "margin 0.05"
-rows half the default's 10%.
+rows half the default's 10%; the "every row" row weighs every running row's tokens alike where the
+default weighs the rows that may end last (Goodput.lead = None: the objective before it).
 speculax bench --config goodput"""
 from speculax.bench.config import BenchConfig, method
 from speculax.decode.goodput import Goodput
@@ -12,6 +13,7 @@ EAGLE = "results/drafters/eagle-ttt-smollm2"
 POOLED = Goodput(signal=False)
 NO_MARGIN = Goodput(margin=0.0)
 HALF_MARGIN = Goodput(margin=0.05)
+EVERY_ROW = Goodput(lead=None)
 
 BENCH = BenchConfig(
     methods=(
@@ -22,6 +24,7 @@ BENCH = BenchConfig(
         method("prompt lookup goodput k<=4, no margin", "prompt-lookup", k=4, goodput=NO_MARGIN),
         method("prompt lookup goodput k<=4, margin 0.05", "prompt-lookup", k=4,
                goodput=HALF_MARGIN),
+        method("prompt lookup goodput k<=4, every row", "prompt-lookup", k=4, goodput=EVERY_ROW),
         method("eagle-ttt k=1", "eagle", k=1, heads=EAGLE),
         method("eagle-ttt k=2", "eagle", k=2, heads=EAGLE),
         method("eagle-ttt goodput k<=4", "eagle", k=4, heads=EAGLE, goodput=True),
