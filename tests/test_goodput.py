@@ -258,7 +258,7 @@ def test_a_fixed_batch_weighs_the_rows_that_may_end_last():
   s = _state([[0.0] * 3, [50.0] * 3], [[50.0, 0.0, 0.0], [50.0] * 3], bins=[1, 0])
   assert int(goodput.choose(Goodput(), s)) == 2
   assert int(goodput.choose(Goodput(), s.replace(weights=jnp.array([0.0, 1.0])))) == 0
-  with pytest.raises(ValueError, match="Goodput.lead must be a finite number >= 0 or None, got -1.0"):
+  with pytest.raises(ValueError, match="Goodput.lead must be a finite number >= 0 or None, got -1"):
     Goodput(lead=-1.0)
 
 
