@@ -253,11 +253,10 @@ def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
   """After a step that drafted k (static): checked [b] drafts each row's verify looked at (k, or
   fewer with an adaptive length), n_accepted [b] kept, counted in the bin each row had before
   the step (rows done before it count nothing); bins and weights [b] the rows' for the next
-  step (Goodput.bins, Goodput.weights). A
-  plain step (k = 0) leaves the estimate as it is and counts towards the next probe; a probe
-  (a draft after probe_after plain steps) that leaves the choice plain lengthens the wait for
-  the next one, and a drafting step that leads to another sets it back. The state returned
-  holds its own choice for the next step."""
+  step (Goodput.bins, Goodput.weights). A plain step (k = 0) leaves the estimate as it is and
+  counts towards the next probe; a probe (a draft after probe_after plain steps) that leaves the
+  choice plain lengthens the wait for the next one, and a drafting step that leads to another
+  sets it back. The state returned holds its own choice for the next step."""
   steps = state.steps.at[k].add(1)
   if k == 0:
     state = state.replace(steps=steps, plain_run=state.plain_run + 1, bins=bins,
