@@ -4,20 +4,20 @@
 
 Expected tokens of a step drafting k: summed over the rows that count, 1 + sum_{j<=k} prod_{i<=j}
 a_i, with a_i the running estimate of P(draft i kept | drafts before it kept) for the row's signal
-bin (below). Where finished rows are refilled (continuous batching), every running row counts; a
-batch that ends with its last row counts only the rows that may end last (`Goodput.weights`), since
-tokens that put a row further ahead buy that batch no time. Its cost: the measured seconds of one
-loop step drafting k at this batch (the step costs, decode/calibrate.py measures them). The costs
-are data of the loop state, not of its static config: one compiled loop serves any costs, so
-calibration times the serving loop itself and a measured cost vector is reused across calls. A cost
-of +inf takes that length out of the choice (calibration forces one length at a time this way). The
-choice is an argmax over K + 1 numbers inside the jitted loop, and the loop runs the chosen step's
-own program (a chain of loops, one per length), so a short draft pays only its own drafting and
-verify forward. Each step makes the next step's choice at its end (`GoodputState.choice`), so the
-loop's conditions only read it: a while loop's condition is launched from the host on every
-iteration on a GPU, where computing the choice there took ~10 small kernels outside the step's CUDA
-graph (the fixed loop's condition: 2), 0.4 ms of a 2.2 ms step under the profiler (H200, SmolLM2 at
-batch 8).
+bin (below). Where finished rows are refilled (continuous batching) or an EOS may end any row, every
+running row counts; a batch that ends with its last row, its rows ended by the budget alone, counts
+only the rows that may end last (`Goodput.weights`), since tokens that put a row further ahead buy
+that batch no time. Its cost: the measured seconds of one loop step drafting k at this batch (the
+step costs, decode/calibrate.py measures them). The costs are data of the loop state, not of its
+static config: one compiled loop serves any costs, so calibration times the serving loop itself and
+a measured cost vector is reused across calls. A cost of +inf takes that length out of the choice
+(calibration forces one length at a time this way). The choice is an argmax over K + 1 numbers
+inside the jitted loop, and the loop runs the chosen step's own program (a chain of loops, one per
+length), so a short draft pays only its own drafting and verify forward. Each step makes the next
+step's choice at its end (`GoodputState.choice`), so the loop's conditions only read it: a while
+loop's condition is launched from the host on every iteration on a GPU, where computing the choice
+there took ~10 small kernels outside the step's CUDA graph (the fixed loop's condition: 2), 0.4 ms
+of a 2.2 ms step under the profiler (H200, SmolLM2 at batch 8).
 
 The estimate is kept per bin of the drafter's own signal, what it knows of its next draft
 before drafting it (`Drafter.signal`: prompt lookup's match length; one bin for a drafter
@@ -97,9 +97,10 @@ class Goodput(Checked):
   # an estimate carried from call to call (`estimate`) otherwise starts the next answer from the
   # end of the last.
   answer_bins: tuple[int, ...] = field((), ge=1)
-  # In a batch that ends with its last row (no finished row is refilled), the rows whose tokens
-  # count in the choice: those at most lead * sqrt(t) tokens ahead of the row furthest behind,
-  # which has t tokens left to the budget (`weights`). None: every running row alike.
+  # In a batch that ends with its last row and whose rows only the budget ends (no finished row
+  # refilled, no EOS), the rows whose tokens count in the choice: those at most lead * sqrt(t)
+  # tokens ahead of the row furthest behind, which has t tokens left (`weights`). None: every
+  # running row alike.
   lead: float | None = field(0.5, ge=0)
 
   def __post_init__(self):
@@ -125,21 +126,22 @@ class Goodput(Checked):
     return jnp.where(done, -1, signal * (len(self.answer_bins) + 1) + stretch).astype(jnp.int32)
 
   def weights(self, n_out: jax.Array, done: jax.Array, budget: jax.Array,
-              refill: jax.Array) -> jax.Array:
+              alike: jax.Array) -> jax.Array:
     """[b] float32 how much each row's expected tokens count in the choice, from the tokens each
-    row has emitted [b], done [b], the budget [] and whether finished rows are refilled []:
-    where they are, every running row alike (the stream's tokens per second); in a batch that
-    ends with its last row, only the rows that may end last. Tokens that put a row further
-    ahead of the one furthest behind buy no time there: the summed objective drafted on 69 of
-    105 steps with prompt lookup at batch 8 over 128 tokens, where no fixed length beat plain
-    decoding. Rows pull apart like random walks, by ~sqrt(steps left) tokens, so a row that
-    far ahead may still end last and one further ahead will not."""
+    row has emitted [b], done [b], the budget [] and `alike` []: every running row counts where
+    finished rows are refilled (the stream's tokens per second) or an EOS may end any row (any
+    may end last). In a batch that ends with its last row, rows that only the budget ends,
+    only the rows that may end last count: tokens that put a row further ahead of the one
+    furthest behind buy that batch no time (summed over every row, prompt lookup at batch 8
+    over 128 tokens drafted on 69 of 105 steps, where no fixed length beat plain decoding).
+    Rows pull apart like random walks, by ~sqrt(steps left) tokens, so a row that far ahead may
+    still end last and one further ahead will not."""
     running = ~done
     if self.lead is None:
       return running.astype(jnp.float32)
     behind = jnp.min(jnp.where(done, budget, n_out))  # [] the row furthest behind's tokens
     slack = self.lead * jnp.sqrt((budget - behind).astype(jnp.float32))
-    return (running & (refill | (n_out - behind <= slack))).astype(jnp.float32)
+    return (running & (alike | (n_out - behind <= slack))).astype(jnp.float32)
 
 
 def step_costs(costs, k: int) -> np.ndarray:

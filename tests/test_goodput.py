@@ -438,9 +438,9 @@ def test_a_fixed_batch_drafts_for_its_laggard_and_a_refilled_one_for_every_row(t
   runs, yet row 0 only gets ahead: the batch ends with row 1, after as many steps as plain
   decoding. Weighing the rows that may end last (lead=0: the laggard alone), the loop drafts
   while the rows are level (the first step) and on probes only. A loop whose finished rows are
-  refilled (a watched row: continuous batching) weighs every row whatever the lead, and the
-  weights are the call's from its first step: a row put ahead before the call counts nothing
-  at lead 0 when nothing is refilled. Greedy equality throughout."""
+  refilled (a watched row: continuous batching) or whose rows an EOS may end weighs every row
+  whatever the lead, and the weights are the call's from its first step: a row put ahead before
+  the call counts nothing at lead 0 when nothing is refilled. Greedy equality throughout."""
   cfg, params = tiny
   prompts, new = PROMPTS[:2], NEW
   estimate = (np.array([[0.0], [1000.0]]), np.array([[1000.0], [1000.0]]))  # [bins, k]
@@ -454,6 +454,13 @@ def test_a_fixed_batch_drafts_for_its_laggard_and_a_refilled_one_for_every_row(t
   # plain; lead 0: the first step, then plain but for one probe after 16 plain steps; 19 steps
   # either way (row 1's tokens after the prefill's)
   assert runs == {None: [9, 10], 0.0: [17, 2]}, runs
+  # with an EOS id (one neither answer emits), lead 0 weighs every row too
+  unused = next(i for i in range(cfg.vocab_size) if all(i not in t for t in tiny_reference[:2]))
+  eos = dataclasses.replace(_spec(new, COSTS[:2], lead=0.0), eos_ids=(unused,))
+  out = speculative_generate(params, cfg, prompts, FirstRow(), eos, step_costs=COSTS[:2],
+                             estimate=estimate)
+  assert out.tokens == [list(t) for t in tiny_reference[:2]]
+  assert out.k_steps.tolist() == runs[None], out.k_steps
   spec = _spec(new, COSTS[:2], lead=0.0)
   program = speculative.spec_program(params, cfg, FirstRow(), spec, step_costs=COSTS[:2],
                                      estimate=estimate)
