@@ -1,22 +1,19 @@
-"""Goodput-driven draft length while serving a stream: what carrying the acceptance estimate from
-batch to batch buys (serve/loop.py) over starting every batch from the optimistic prior (as a
-lone call does), against fixed k = 1, fixed k and autoregressive decoding, on the same stream
-`--batch` at a time. Both goodput runs weigh the same step costs (calibrated once on the
-stream's first batch). With `--answer-bins 16,64` both goodput runs come again with the estimate
-split by how far into its answer a row is (Goodput.answer_bins); with `--every-row` again
-weighing every running row's tokens in the choice (Goodput.lead=None) where the default weighs a
-fixed batch's rows that may end last. Every method serves the whole stream once per round,
-round-robin; tokens/s is the stream's new tokens over its batches' seconds (prefill and decode,
-compile apart), the median of the rounds. Prints a table and writes JSON. With `--continuous`
-every method serves the stream with continuous batching (`serve(continuous=True)`,
-`generate(rows=)` for AR): one goodput run per policy, its estimate carried from request to
-request in the one loop state.
+"""Goodput-driven draft length while serving a stream: what carrying the acceptance estimate
+from batch to batch buys (serve/loop.py) over starting every batch from the optimistic prior
+(as a lone call does), against fixed k = 1, fixed k and autoregressive decoding, on the same
+stream `--batch` at a time. Both goodput runs weigh the same step costs (calibrated once on the
+stream's first batch). With `--answer-bins 16,64` both goodput runs come again with the
+estimate split by how far into its answer a row is (Goodput.answer_bins). Every method serves
+the whole stream once per round, round-robin; tokens/s is the stream's new tokens over its
+batches' seconds (prefill and decode, compile apart), the median of the rounds. Prints a table
+and writes JSON. With `--continuous` every method serves the stream with continuous batching
+(`serve(continuous=True)`, `generate(rows=)` for AR): one goodput run per policy, its estimate
+carried from request to request in the one loop state.
 
   .venv/bin/python -m speculax.research.goodput_serving [--suite humaneval] [--prompts 32]
       [--batch 8] [--repeats 2] [-k 4] [--heads results/drafters/eagle-ttt-smollm2]
-      [--margin 0.1] [--answer-bins 16,64] [--every-row] [--continuous] [--drafter KIND ...]
-      (any drafter, as `speculax generate` takes it; default prompt lookup, or the kind a
-      --heads folder holds)
+      [--margin 0.1] [--answer-bins 16,64] [--continuous] [--drafter KIND ...] (any drafter, as
+      `speculax generate` takes it; default prompt lookup, or the kind a --heads folder holds)
 """
 from __future__ import annotations
 
@@ -76,8 +73,7 @@ def stream_runs(model, stream, drafter, dparams, k: int, batch: int, new_tokens:
   for policy in policies:
     good = dataclasses.replace(fixed, goodput=policy)
     bins = "/".join(map(str, policy.answer_bins))
-    name = (f"goodput k<={k}" + (f", answer bins {bins}" if bins else "")
-            + (", every row" if policy.lead is None else ""))
+    name = f"goodput k<={k}" + (f", answer bins {bins}" if bins else "")
     if continuous:
       runs[name] = served(good, step_costs=costs)
       continue
@@ -98,17 +94,13 @@ def main(argv: list[str] | None = None) -> None:
   ap.add_argument("--answer-bins", type=lambda v: ints(v, "--answer-bins"),
                   default=(), help="Goodput.answer_bins of a second pair of goodput runs, "
                   "e.g. 16,64 (tokens into the answer)")
-  ap.add_argument("--every-row", action="store_true",
-                  help="a further pair of goodput runs weighing every running row's tokens "
-                  "(Goodput.lead=None), beside the default's rows that may end last")
   args = parse_loop_runs(ap, argv)
   model = load(args.model)
   stream = suites.encode(model.tokenizer, suites.suite(args.suite, args.prompts))
   drafter, dparams = loop_drafter(args, model)
   policy = Goodput(margin=args.margin)
-  policies = ((policy,) + ((Goodput(margin=args.margin, answer_bins=args.answer_bins),)
-                           if args.answer_bins else ())
-              + ((dataclasses.replace(policy, lead=None),) if args.every_row else ()))
+  policies = (policy,) + ((Goodput(margin=args.margin, answer_bins=args.answer_bins),)
+                          if args.answer_bins else ())
   spec = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=model.tokenizer.eos_ids,
                     goodput=policy)
   costs = calibrate(model.params, model.config, stream[:args.batch], drafter, spec, dparams)
@@ -124,9 +116,8 @@ def main(argv: list[str] | None = None) -> None:
   ar = median(rate["autoregressive"])
   result = dict(machine=machine(), drafter=drafter_label(args), suite=args.suite,
                 prompts=args.prompts, batch=args.batch, repeats=args.repeats, k=args.k,
-                margin=args.margin, answer_bins=args.answer_bins, every_row=args.every_row,
-                continuous=args.continuous, new_tokens=args.new_tokens,
-                step_costs=costs.tolist(), tokens_per_s=rate,
+                margin=args.margin, answer_bins=args.answer_bins, continuous=args.continuous,
+                new_tokens=args.new_tokens, step_costs=costs.tolist(), tokens_per_s=rate,
                 median_tokens_per_s={n: median(v) for n, v in rate.items()}, k_steps=k_steps)
   print(table(["method", "tok/s (median)", "rounds", "x AR", "steps drafting 0..k"],
               [[n, median(v), " ".join(f"{x:.1f}" for x in v), median(v) / ar,
@@ -138,7 +129,6 @@ def main(argv: list[str] | None = None) -> None:
                                             else f"_n{args.new_tokens}")
           + ("" if args.margin == Goodput().margin else f"_m{args.margin:g}")
           + ("_bins" + "-".join(map(str, args.answer_bins)) if args.answer_bins else "")
-          + ("_every-row" if args.every_row else "")
           + ("_continuous" if args.continuous else ""))
   (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
 

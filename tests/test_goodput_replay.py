@@ -1,5 +1,5 @@
 """research/goodput_replay: goodput's choices under fixed step costs, on the tiny target; the
-loop scripts' drafter flags (research/common) and goodput_serving's runs."""
+loop scripts' drafter flags (research/common)."""
 import argparse
 import types
 
@@ -11,7 +11,7 @@ from speculax.drafters import heads_io
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.medusa import Medusa
 from speculax.drafters.prompt_lookup import PromptLookup
-from speculax.research import goodput_replay, goodput_serving
+from speculax.research import goodput_replay
 from speculax.research.common import add_loop_runs, drafter_label, loop_drafter, parse_loop_runs
 
 from test_hydra import random_params
@@ -104,20 +104,3 @@ def test_loop_scripts_build_any_drafter_from_generate_flags(tiny, tmp_path, caps
     with pytest.raises(SystemExit):
       parse_loop_runs(ap, argv)
     assert says in capsys.readouterr().err
-
-
-def test_serving_runs_one_pair_per_policy(tiny):
-  """goodput_serving's methods: AR, k = 1, k, and each goodput policy from the prior and
-  carried, named by what sets it apart (answer bins, every row weighed); continuous batching
-  one run per policy."""
-  cfg, params = tiny
-  model = types.SimpleNamespace(params=params, config=cfg, tokenizer=types.SimpleNamespace(
-      eos_ids=()))
-  policies = (Goodput(), Goodput(answer_bins=(16,)), Goodput(lead=None))
-  names = lambda continuous: list(goodput_serving.stream_runs(
-      model, PROMPTS[:2], PromptLookup(), None, 3, 2, 8, COSTS, policies, continuous))
-  assert names(False) == ["autoregressive", "k=1", "k=3"] + [
-      f"goodput k<=3{kind}, {start}" for kind in ("", ", answer bins 16", ", every row")
-      for start in ("each batch from the prior", "estimate carried")]
-  assert names(True)[3:] == ["goodput k<=3", "goodput k<=3, answer bins 16",
-                             "goodput k<=3, every row"]
