@@ -188,21 +188,21 @@ class GoodputState:
   probe_after: jax.Array  # [] int32 plain steps in a row before the next probe
   step_costs: jax.Array  # [K + 1] float32 seconds of a step drafting k (+inf: never)
   bins: jax.Array  # [b] int32 each row's signal bin for the next step (-1: the row is done)
-  weights: jax.Array  # [b] float32 how much each row counts in the next choice (Goodput.weights)
   choice: jax.Array  # [] int32 the k the next step drafts: `choose` of this state
 
   @classmethod
-  def init(cls, goodput: Goodput, step_costs: jax.Array, bins: jax.Array, weights: jax.Array,
+  def init(cls, goodput: Goodput, step_costs: jax.Array, bins: jax.Array,
            estimate: tuple[jax.Array, jax.Array]) -> GoodputState:
     """estimate: the (kept, reached) [c, K] counts to start from (zeros: every position at its
-    prior; a previous call's to go on learning, as `estimate` checks them)."""
+    prior; a previous call's to go on learning, as `estimate` checks them). Its choice weighs
+    every row alike (the loop re-chooses with its call's weights before the first step)."""
     k = step_costs.shape[0] - 1
     kept, reached = estimate
     state = cls(jnp.asarray(kept, jnp.float32), jnp.asarray(reached, jnp.float32),
                 jnp.zeros((k + 1,), jnp.int32), jnp.zeros((), jnp.int32),
                 jnp.asarray(goodput.probe_every, jnp.int32),
                 jnp.asarray(step_costs, jnp.float32), jnp.asarray(bins, jnp.int32),
-                jnp.asarray(weights, jnp.float32), jnp.zeros((), jnp.int32))
+                jnp.zeros((), jnp.int32))
     return state.replace(choice=choose(goodput, state))
 
 
@@ -232,14 +232,16 @@ def probe_due(state: GoodputState) -> jax.Array:
   return state.plain_run >= state.probe_after
 
 
-def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
+def choose(goodput: Goodput, state: GoodputState, weights: jax.Array | None = None) -> jax.Array:
   """[] int32 the shortest k in 0..K whose expected tokens per second for the rows' bins come
   within goodput.margin of the best length's (a length of infinite cost rates 0): a plain step
   unless some draft beats it by more than the margin, and a longer draft only where the best
   length beats every shorter one so; after probe_every plain steps in a row the drafting length
   of finite cost that rates best (state.probe_after of them: probe_every, or more after probes
-  that changed nothing)."""
-  rows = state.weights @ jax.nn.one_hot(state.bins, state.kept.shape[0])  # [c] (done: none)
+  that changed nothing). weights [b]: how much each row's tokens count (Goodput.weights; None:
+  every running row alike)."""
+  weights = (state.bins >= 0).astype(jnp.float32) if weights is None else weights  # [b]
+  rows = weights @ jax.nn.one_hot(state.bins, state.kept.shape[0])  # [c] (done: none)
   tokens = rows @ expected_tokens(acceptance(goodput, state))  # [K + 1] summed over rows
   rate = tokens / state.step_costs  # [K + 1]
   best = jnp.argmax(rate * (1 + goodput.margin) >= rate.max()).astype(jnp.int32)
@@ -251,7 +253,8 @@ def choose(goodput: Goodput, state: GoodputState) -> jax.Array:
 
 
 def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
-            n_accepted: jax.Array, bins: jax.Array, weights: jax.Array) -> GoodputState:
+            n_accepted: jax.Array, bins: jax.Array,
+            weights: jax.Array | None = None) -> GoodputState:
   """After a step that drafted k (static): checked [b] drafts each row's verify looked at (k, or
   fewer with an adaptive length), n_accepted [b] kept, counted in the bin each row had before
   the step (rows done before it count nothing); bins and weights [b] the rows' for the next
@@ -261,9 +264,8 @@ def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
   sets it back. The state returned holds its own choice for the next step."""
   steps = state.steps.at[k].add(1)
   if k == 0:
-    state = state.replace(steps=steps, plain_run=state.plain_run + 1, bins=bins,
-                          weights=weights)
-    return state.replace(choice=choose(goodput, state))
+    state = state.replace(steps=steps, plain_run=state.plain_run + 1, bins=bins)
+    return state.replace(choice=choose(goodput, state, weights))
   probed = probe_due(state)  # this step was a probe (choose's condition, before it reset)
   pos = jnp.arange(state.kept.shape[1])[None]  # [1, K]
   reached = (pos < checked[:, None]) & (pos <= n_accepted[:, None])  # [b, K]
@@ -275,8 +277,8 @@ def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
   decay = goodput.decay ** seen  # [c, K]
   state = state.replace(
       kept=decay * state.kept + row_bin @ kept, reached=decay * state.reached + seen,
-      steps=steps, plain_run=jnp.zeros_like(state.plain_run), bins=bins, weights=weights)
-  choice = choose(goodput, state)
+      steps=steps, plain_run=jnp.zeros_like(state.plain_run), bins=bins)
+  choice = choose(goodput, state, weights)
   longer = jnp.minimum(state.probe_after * goodput.probe_backoff, goodput.probe_every_max)
   probe_after = jnp.where(choice > 0, goodput.probe_every,
                           jnp.where(probed, longer, state.probe_after))

@@ -149,11 +149,11 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
   running = lambda s: engine.running(s.done, watch)
   if spec.goodput is None:
     return jax.lax.while_loop(running, functools.partial(step, spec.k), state)
-  # The rows' weights are this call's (refilled or not; rows put in since the last step), and
-  # so is the first step's choice.
-  weights = spec.goodput.weights(state.n_out, state.done, state.budget, alike)
-  gstate = state.goodput.replace(weights=weights)
-  state = state.replace(goodput=gstate.replace(choice=goodput.choose(spec.goodput, gstate)))
+  # The first step's choice weighs the rows as this call does (refilled or not; rows put in
+  # since the last step); each step makes the next one's.
+  weights = spec.goodput.weights(state.n_out, state.done, state.budget, alike)  # [b]
+  state = state.replace(goodput=state.goodput.replace(
+      choice=goodput.choose(spec.goodput, state.goodput, weights)))
   choice = lambda s: s.goodput.choice  # made by the step before (goodput.observe)
   view = lambda s: TargetView(params, s.cache, s.history, s.lengths)
   lag = lambda s: jnp.where(s.done, 0, drafter.lag(s.drafter, view(s)))  # [b]
@@ -205,9 +205,7 @@ def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidd
   dstate = drafter.init(dparams, view, config, max_len)
   gstate = None if spec.goodput is None else goodput.GoodputState.init(
       spec.goodput, step_costs,
-      row_bins(spec, drafter, dparams, dstate, view, config, n_out, done),
-      spec.goodput.weights(n_out, done, budget, every_row(spec, jnp.zeros((1,), bool))),
-      estimate)
+      row_bins(spec, drafter, dparams, dstate, view, config, n_out, done), estimate)
   return SpecState(
       cache=cache, history=history, lengths=lengths, n_out=n_out, done=done,
       drafter=dstate, key=key,

@@ -48,20 +48,9 @@ INF = float("inf")
 def _state(kept, reached, costs=COSTS, plain_run=0, bins=(0,)):
   """One signal bin (kept, reached [K]) or several ([c, K]); one active row in bin 0."""
   as2 = lambda x: jnp.atleast_2d(jnp.asarray(x, jnp.float32))  # [c, K]
-  bins = jnp.asarray(bins, jnp.int32)
   return GoodputState(as2(kept), as2(reached), jnp.zeros((len(costs),), jnp.int32),
                       jnp.array(plain_run), jnp.array(16), jnp.asarray(costs, jnp.float32),
-                      bins, running(bins), jnp.zeros((), jnp.int32))
-
-
-def running(bins):
-  """[b] float32 every running row (bin >= 0) weighed alike: Goodput(lead=None)'s weights."""
-  return (jnp.asarray(bins) >= 0).astype(jnp.float32)
-
-
-def observe(g, state, k, checked, n_accepted, bins):
-  """goodput.observe with every running row of the next step weighed alike."""
-  return goodput.observe(g, state, k, checked, n_accepted, bins, running(bins))
+                      jnp.asarray(bins, jnp.int32), jnp.zeros((), jnp.int32))
 
 
 def test_choice_follows_acceptance_and_costs():
@@ -151,13 +140,13 @@ def test_observe_counts_reached_and_kept_positions():
   s = _state([1.0] * 3, [2.0] * 3, plain_run=5, bins=[0, 0, 0, -1])
   nxt = jnp.array([0, 0, -1, -1])  # row 2 finished in the step
   # a plain step observes nothing: the counts stay, and it counts towards the next probe
-  plain = observe(g, s, 0, jnp.zeros((4,), jnp.int32), jnp.zeros((4,), jnp.int32), nxt)
+  plain = goodput.observe(g, s, 0, jnp.zeros((4,), jnp.int32), jnp.zeros((4,), jnp.int32), nxt)
   np.testing.assert_allclose(plain.kept, s.kept)
   np.testing.assert_allclose(plain.reached, s.reached)
   assert plain.steps.tolist() == [1, 0, 0, 0] and int(plain.plain_run) == 6
   assert plain.bins.tolist() == nxt.tolist()
   # rows: 0 kept nothing of 3; 1 kept 2 of 3; 2 (adaptive length 1) kept 1; 3 done before.
-  s = observe(g, s, 3, jnp.array([3, 3, 1, 3]), jnp.array([0, 2, 1, 3]), nxt)
+  s = goodput.observe(g, s, 3, jnp.array([3, 3, 1, 3]), jnp.array([0, 2, 1, 3]), nxt)
   # 3 rows reached draft 1 and 1 row drafts 2 and 3: each position's counts decay by 0.5 per
   # outcome it adds
   decayed = 0.5 ** np.array([3, 1, 1])
@@ -169,7 +158,7 @@ def test_observe_counts_reached_and_kept_positions():
   # drafter never kept takes plain steps until the probe after 16 of them
   state, zeros = s.replace(kept=jnp.zeros_like(s.kept), plain_run=jnp.array(14)), jnp.zeros(4, int)
   for want in (0, 1):
-    state = observe(g, state, 0, zeros, zeros, nxt)
+    state = goodput.observe(g, state, 0, zeros, zeros, nxt)
     assert int(state.choice) == int(goodput.choose(g, state)) == want
 
 
@@ -177,7 +166,8 @@ def test_observe_counts_each_row_in_its_signal_bin():
   g = Goodput(decay=0.5)
   s = _state([[2, 0], [4, 2], [2, 2]], [[2, 2], [4, 4], [2, 2]], costs=COSTS[:3],
              bins=[2, 0, 2, -1])
-  s = observe(g, s, 2, jnp.array([2, 2, 2, 2]), jnp.array([2, 0, 1, 2]), jnp.array([1, 1, 0, -1]))
+  s = goodput.observe(g, s, 2, jnp.array([2, 2, 2, 2]), jnp.array([2, 0, 1, 2]),
+                      jnp.array([1, 1, 0, -1]))
   # bins 0 and 2 had rows: each position decays by 0.5 per outcome it adds (bin 0: one at draft
   # 1, none at draft 2, which its row did not reach; bin 2: two at each) and counts them; bin 1
   # had none and keeps its counts; row 3 was done before the step and counts nowhere
@@ -196,18 +186,18 @@ def test_probes_that_change_nothing_come_ever_later():
   for _ in range(4):  # plain steps until the probe, then the probe: nothing kept
     plain = 0
     while int(state.choice) == 0:
-      state, plain = observe(g, state, 0, zeros, zeros, rows), plain + 1
+      state, plain = goodput.observe(g, state, 0, zeros, zeros, rows), plain + 1
     assert int(state.choice) == 1
-    state = observe(g, state, 1, jnp.array([1]), zeros, rows)
+    state = goodput.observe(g, state, 1, jnp.array([1]), zeros, rows)
     waits.append(plain)
   assert waits == [16, 32, 64, 64], waits
   # a probe whose draft is kept, often enough that drafting pays: the interval starts over
   state = state.replace(plain_run=jnp.array(64), kept=jnp.array([[39.0, 0.0, 0.0]]))
-  state = observe(g, state, 1, jnp.array([1]), jnp.array([1]), rows)
+  state = goodput.observe(g, state, 1, jnp.array([1]), jnp.array([1]), rows)
   assert int(state.choice) == 1 and int(state.probe_after) == 16
   # backoff 1: every probe after probe_every plain steps, as before backoff
   fixed = _state([0.0] * 3, [40.0] * 3, plain_run=16)
-  fixed = observe(Goodput(probe_backoff=1), fixed, 1, jnp.array([1]), zeros, rows)
+  fixed = goodput.observe(Goodput(probe_backoff=1), fixed, 1, jnp.array([1]), zeros, rows)
   assert int(fixed.choice) == 0 and int(fixed.probe_after) == 16
 
 
@@ -257,7 +247,7 @@ def test_a_fixed_batch_weighs_the_rows_that_may_end_last():
   # (two drafts: 4 tokens for 1.6 s, within the margin of three's 4.9 for 1.9 s)
   s = _state([[0.0] * 3, [50.0] * 3], [[50.0, 0.0, 0.0], [50.0] * 3], bins=[1, 0])
   assert int(goodput.choose(Goodput(), s)) == 2
-  assert int(goodput.choose(Goodput(), s.replace(weights=jnp.array([0.0, 1.0])))) == 0
+  assert int(goodput.choose(Goodput(), s, jnp.array([0.0, 1.0]))) == 0
   with pytest.raises(ValueError, match="Goodput.lead must be a finite number >= 0 or None, got -1"):
     Goodput(lead=-1.0)
 
