@@ -22,6 +22,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from speculax.models.kernels import rows_cpu
+
 SLICE_ROWS = 1024  # table rows per slice (512-2048 measured alike against the head)
 MIN_SLICES = 3  # layer tables (192-1536 rows) too: unsliced, as tables they ran slower
 MIN_SLICE_ROWS = 8
@@ -41,22 +43,44 @@ def slices(v: int) -> int:
 def table_dot(features: jax.Array, table: jax.Array) -> jax.Array:
   """features [..., d] . table [v, d] over d -> [..., v] (the features' dtype).
 
+  On the CPU (chosen when lowering, `platform_dependent`, so a CPU machine can still lower this
+  for an accelerator), up to `rows_cpu.MAX_ROWS` float32 rows go to the rows kernel
+  (models/kernels/rows_cpu.py), and up to MAX_SLICED_ROWS otherwise to the sliced form; other
+  backends, and more rows, get one einsum.
+  """
+  if math.prod(features.shape[:-1]) > MAX_SLICED_ROWS:
+    return _one_dot(features, table)
+  return jax.lax.platform_dependent(features, table, cpu=_cpu_dot, default=_one_dot)
+
+
+def _one_dot(features: jax.Array, table: jax.Array) -> jax.Array:
+  return jnp.einsum("...d,vd->...v", features, table)
+
+
+def _cpu_dot(features: jax.Array, table: jax.Array) -> jax.Array:
+  """features [..., d] . table [v, d] -> [..., v] as XLA:CPU or the rows kernel runs it fastest.
+
   Sliced, the table is [n, v/n, d] (a free reshape) and the product is asked for as
-  [n, rows, v/n], then moved to [..., v]: jnp.einsum then puts the table on the dot's left, and
+  [n, rows, v/n], then moved to [rows, v]: jnp.einsum then puts the table on the dot's left, and
   XLA:CPU runs that fast. Unsliced, or written as a dot_general giving [n, v/n, rows] reshaped by
   hand, it ran 2-10x slower.
   """
   v, d = table.shape
-  n = slices(v)
   lead = features.shape[:-1]
   m = math.prod(lead)
-  if jax.default_backend() != "cpu" or n == 1 or m > MAX_SLICED_ROWS:
-    return jnp.einsum("...d,vd->...v", features, table)
   flat = features.reshape(m, d)
-  if m > PAD_FROM and m % PAD_ROWS_TO:
-    flat = jnp.pad(flat, ((0, PAD_ROWS_TO - m % PAD_ROWS_TO), (0, 0)))
-  out = jnp.einsum("md,nrd->nmr", flat, table.reshape(n, v // n, d))  # [n, m padded, v/n]
-  return jnp.moveaxis(out, 0, -2)[:m].reshape(*lead, v)
+  n = slices(v)
+  if (m <= rows_cpu.MAX_ROWS and features.dtype == table.dtype == jnp.float32
+      and rows_cpu.enabled()):
+    out = rows_cpu.rows_dot(flat, table)  # [m, v]
+  elif n == 1:
+    out = _one_dot(flat, table)
+  else:
+    if m > PAD_FROM and m % PAD_ROWS_TO:
+      flat = jnp.pad(flat, ((0, PAD_ROWS_TO - m % PAD_ROWS_TO), (0, 0)))
+    out = jnp.einsum("md,nrd->nmr", flat, table.reshape(n, v // n, d))  # [n, m padded, v/n]
+    out = jnp.moveaxis(out, 0, -2)[:m].reshape(m, v)
+  return out.reshape(*lead, v)
 
 
 @flax.struct.dataclass

@@ -1,16 +1,20 @@
 """models/tables: the sliced dot and Tables equal one dot against the weight as loaded."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from speculax.models.kernels import rows_cpu
 from speculax.models.tables import MAX_SLICED_ROWS, as_table, dense, slices, table_dot
 
 
 def _lhs_shapes(fn, *args) -> list[tuple]:
-  """The left operand's shape of every dot_general in fn's jaxpr."""
-  eqns = jax.make_jaxpr(fn)(*args).eqns
-  return [e.invars[0].aval.shape for e in eqns if e.primitive.name == "dot_general"]
+  """The left operand's shape of every dot_general in fn lowered for the CPU."""
+  text = jax.jit(fn).lower(*args).as_text()
+  lhs = re.findall(r"stablehlo\.dot_general.*: \(tensor<([^>]*)>", text)
+  return [tuple(int(n) for n in shape.split("x")[:-1]) for shape in lhs]
 
 
 @pytest.mark.parametrize("v, n", [(49152, 48), (16384, 16), (4096, 4), (3000, 3), (576, 3),
@@ -20,7 +24,8 @@ def test_slices_near_1024_rows_dividing_the_table(v, n):
 
 
 @pytest.mark.parametrize("lead", [(1,), (2,), (1, 5), (8, 5), (4, 40)])
-def test_equals_one_dot_against_numpy(lead):
+def test_equals_one_dot_against_numpy(lead, monkeypatch):
+  monkeypatch.setenv(rows_cpu.SWITCH, "0")  # XLA's forms (the rows kernel: test_rows_cpu.py)
   rng = np.random.default_rng(0)
   table = rng.standard_normal((4096, 32)).astype(np.float32)
   features = rng.standard_normal((*lead, 32)).astype(np.float32)
@@ -31,7 +36,7 @@ def test_equals_one_dot_against_numpy(lead):
   # the form taken: sliced for few rows on CPU, one dot past the cut-off
   sliced = np.prod(lead) <= MAX_SLICED_ROWS
   lhs = (4, 1024, 32) if sliced else features.shape
-  assert _lhs_shapes(table_dot, features, table) == [lhs]
+  assert _lhs_shapes(lambda f, t: table_dot(f, t), features, table) == [lhs]
 
 
 @pytest.mark.parametrize("w_shape, n_in", [((32, 4, 8), 1), ((4, 8, 32), 2), ((32, 96), 1)])

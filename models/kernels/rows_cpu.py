@@ -1,0 +1,117 @@
+"""A few feature rows times a weight stored as a table of output rows, on the CPU, in one pass
+over the table: x [m, d] . table [v, d] over d -> [m, v], float32 (rows_cpu.cc).
+
+Why not XLA: decoding and verifying multiply 1-16 rows with every weight of the model once per
+step, a bandwidth-bound product, and XLA:CPU runs it well below the machine's bandwidth (its
+matrix-vector dot for one row, YNNPACK's GEMM for more: models/tables.py). Measured (x86_64, 2
+cores, 2026-12-04, SmolLM2-135M's 211 dense tables, 538 MB, one step, ms at 1 / 2 / 4 / 8 rows):
+this kernel 17 / 19 / 27 / 31 alone in a C++ loop, against XLA's 34 / 46 / 45 / - in the model.
+Pallas does not compile for the CPU, so the kernel is C++ behind JAX's foreign function
+interface (`jax.ffi`), the tool JAX provides for a CPU kernel of one's own.
+
+Built on first use with the machine's C++ compiler (`$CXX`, else g++; ~10 s) for its own CPU
+(-march=native) into `$SPECULAX_CACHE/native` (default ~/.cache/speculax/native), keyed by the
+source, the compiler, jaxlib and the CPU's flags. `SPECULAX_ROWS_KERNEL=0` turns it off
+(models/tables.py then asks XLA, as before it); where it cannot be built (no compiler) a warning
+says so once and XLA is asked.
+
+A row's result does not depend on the other rows in the call (each output is the same sequence
+of operations whatever m is), so a one-token step and a verify forward give bit-identical dense
+outputs for the same features. `rows_dot_reference` is the product in jnp.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+
+SOURCE = Path(__file__).with_name("rows_cpu.cc")
+TARGET = "speculax_rows_dot"
+SWITCH = "SPECULAX_ROWS_KERNEL"  # "0": off
+CACHE = "SPECULAX_CACHE"
+MAX_ROWS = 8  # feature rows up to which models/tables.py asks the kernel: at 16 (a batch-1
+# forward of 16 tokens, or batch 8 verifying 2) XLA's sliced dot ran 10-15% faster
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+
+
+def rows_dot_reference(x: jax.Array, table: jax.Array) -> jax.Array:
+  """x [m, d] . table [v, d] over d -> [m, v] in float32."""
+  return jnp.einsum("md,vd->mv", x, table, precision=jax.lax.Precision.HIGHEST)
+
+
+def _cpu_flags() -> str:
+  try:
+    text = Path("/proc/cpuinfo").read_text()
+  except OSError:
+    return platform.processor()
+  return next((line for line in text.splitlines() if line.startswith("flags")), "")
+
+
+def _compiler() -> str:
+  return os.environ.get("CXX", "g++")
+
+
+def _library_path() -> Path:
+  key = hashlib.sha256("\n".join([SOURCE.read_text(), _compiler(), " ".join(FLAGS),
+                                  jaxlib.__version__, platform.machine(), _cpu_flags()])
+                       .encode()).hexdigest()[:16]
+  root = Path(os.environ.get(CACHE, Path.home() / ".cache" / "speculax"))
+  return root / "native" / f"rows_cpu-{key}.so"
+
+
+def _build(path: Path) -> None:
+  """Compiles the kernel to path (through a temporary file, so parallel builders do not race)."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+    out = Path(tmp) / path.name
+    cmd = [_compiler(), *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+      raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+    os.replace(out, path)
+
+
+@functools.cache
+def _registered() -> bool:
+  """Builds (once per machine) and registers the kernel; False, with a warning, where it
+  cannot be built."""
+  path = _library_path()
+  try:
+    if not path.exists():
+      _build(path)
+    library = ctypes.CDLL(str(path))
+  except (OSError, RuntimeError) as e:
+    warnings.warn(f"the CPU rows kernel is not available, XLA's dot is used instead: {e}",
+                  stacklevel=3)
+    return False
+  jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.SpeculaxRowsDot), platform="cpu")
+  return True
+
+
+def enabled() -> bool:
+  """Whether models/tables.py routes float32 few-row products here: on the CPU backend, unless
+  SPECULAX_ROWS_KERNEL=0, and once the kernel is built."""
+  return (os.environ.get(SWITCH, "1") != "0" and jax.default_backend() == "cpu"
+          and _registered())
+
+
+def rows_dot(x: jax.Array, table: jax.Array) -> jax.Array:
+  """x [m, d] . table [v, d] over d -> [m, v], both float32, by the kernel (CPU only)."""
+  if x.ndim != 2 or table.ndim != 2 or x.shape[1] != table.shape[1]:
+    raise ValueError(f"rows_dot takes x [m, d] and table [v, d]; got {x.shape} and {table.shape}")
+  if x.dtype != jnp.float32 or table.dtype != jnp.float32:
+    raise ValueError(f"rows_dot takes float32; got {x.dtype} and {table.dtype}")
+  if not _registered():
+    raise RuntimeError("the CPU rows kernel could not be built (see the warning above)")
+  out = jax.ShapeDtypeStruct((x.shape[0], table.shape[0]), jnp.float32)
+  return jax.ffi.ffi_call(TARGET, out, vmap_method="sequential")(x, table)

@@ -1,0 +1,112 @@
+"""models/kernels/rows_cpu: the CPU rows kernel against float64 numpy, a row's result
+independent of the rows beside it, bad input, the build's fallback, and where table_dot uses it."""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+from speculax.models import llama, tables
+from speculax.models.config import get_preset
+from speculax.models.kernels import rows_cpu
+from speculax.models.kvcache import KVCache
+
+
+def _random(shape, seed):
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("m, v, d", [(1, 7, 16), (2, 100, 40), (4, 1000, 576), (8, 301, 33),
+                                     (9, 130, 64), (16, 4096, 64), (5, 1, 17)])
+def test_equals_numpy(m, v, d):
+  """d not a multiple of 16 (a tail), v not a multiple of a tile or a chunk, more rows than one
+  pass takes (9, 16), tables large enough to be shared among threads (4096 x 64, 1000 x 576)."""
+  x, table = _random((m, d), 0), _random((v, d), 1)
+  out = np.asarray(jax.jit(rows_cpu.rows_dot)(x, table))
+  assert out.shape == (m, v)
+  ref = x.astype(np.float64) @ table.astype(np.float64).T
+  atol = 1e-5 * np.sqrt(d)  # float32 sums of d products of unit normals
+  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=atol)
+  np.testing.assert_allclose(out, rows_cpu.rows_dot_reference(x, table), rtol=1e-5, atol=atol)
+
+
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+  """Bit for bit: each row alone, and the rows in another order and count, as in the full call
+  (what makes a one-token step and a verify forward agree exactly on dense outputs)."""
+  x, table = _random((11, 200), 2), _random((3001, 200), 3)
+  dot = jax.jit(rows_cpu.rows_dot)
+  full = np.asarray(dot(x, table))
+  for j in range(11):
+    np.testing.assert_array_equal(np.asarray(dot(x[j:j + 1], table))[0], full[j])
+  order = [10, 3, 7]
+  np.testing.assert_array_equal(np.asarray(dot(x[order], table)), full[order])
+
+
+@pytest.mark.parametrize("x_shape, t_shape, dtype, match", [
+    ((4,), (8, 4), jnp.float32, r"x \[m, d\] and table \[v, d\]; got \(4,\)"),
+    ((2, 4), (8, 5), jnp.float32, r"got \(2, 4\) and \(8, 5\)"),
+    ((2, 4), (8, 4), jnp.bfloat16, "float32; got bfloat16"),
+])
+def test_bad_input(x_shape, t_shape, dtype, match):
+  with pytest.raises(ValueError, match=match):
+    rows_cpu.rows_dot(jnp.zeros(x_shape, dtype), jnp.zeros(t_shape, dtype))
+
+
+def test_without_a_compiler_a_warning_and_xla(monkeypatch, tmp_path):
+  monkeypatch.setenv("CXX", "false")
+  monkeypatch.setenv(rows_cpu.CACHE, str(tmp_path))
+  rows_cpu._registered.cache_clear()
+  try:
+    with pytest.warns(UserWarning, match="rows kernel is not available.*failed"):
+      assert not rows_cpu.enabled()
+    x, table = _random((2, 64), 4), _random((4096, 64), 5)
+    assert _form(x, table) == "sliced"
+  finally:
+    rows_cpu._registered.cache_clear()
+  assert not list(tmp_path.rglob("*.so"))
+
+
+def _form(features, table) -> str:
+  """What table_dot runs on the CPU: "kernel", "sliced" (a 3-d table operand) or "one dot"."""
+  text = jax.jit(lambda f, t: tables.table_dot(f, t)).lower(features, table).as_text()
+  if rows_cpu.TARGET in text:
+    return "kernel"
+  lhs = re.findall(r"stablehlo\.dot_general.*: \(tensor<([^>]*)>", text)
+  return "sliced" if lhs[0].count("x") == 3 else "one dot"  # the sliced form: [n, v/n, d] left
+
+
+@pytest.mark.parametrize("rows, dtype, switch, form", [
+    (1, jnp.float32, "1", "kernel"), (8, jnp.float32, "1", "kernel"),
+    (9, jnp.float32, "1", "sliced"), (65, jnp.float32, "1", "one dot"),
+    (2, jnp.bfloat16, "1", "sliced"), (2, jnp.float32, "0", "sliced")])
+def test_table_dot_takes_the_kernel_for_few_float32_rows(monkeypatch, rows, dtype, switch, form):
+  monkeypatch.setenv(rows_cpu.SWITCH, switch)
+  features, table = jnp.zeros((rows, 64), dtype), jnp.zeros((4096, 64), dtype)
+  assert _form(features, table) == form
+  got = jax.jit(lambda f, t: tables.table_dot(f, t))(_random((rows, 64), 6).astype(dtype),
+                                                     _random((4096, 64), 7).astype(dtype))
+  assert got.shape == (rows, 4096) and got.dtype == dtype
+
+
+@pytest.mark.parametrize("platform, device", [
+    ("cuda", AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")),
+    ("tpu", AbstractDevice("TPU v5 lite", 1, "tpu")), ("cpu", None)])
+def test_an_accelerator_lowering_holds_no_rows_kernel(platform, device):
+  """The choice is made when lowering, so a CPU machine still lowers decoding's forward (weights
+  as tables) for a GPU or TPU, deviceless, with XLA's dots there; for the CPU, every dense and
+  the head go to the kernel."""
+  cfg = get_preset("tiny")
+  params = jax.eval_shape(lambda key: llama.unstack_layers(llama.init_params(cfg, key)),
+                          jax.random.key(0))
+  cache = jax.eval_shape(lambda: KVCache.init(cfg, 1, 64, per_layer=True))
+  tokens = jax.ShapeDtypeStruct((1, 2), jnp.int32)
+  forward = jax.jit(lambda p, tok, c: llama.forward(p, cfg, tok, tok, c)[0])
+  if device is None:
+    text = forward.trace(params, tokens, cache).lower().as_text()
+    assert text.count(f"@{rows_cpu.TARGET}(") == 7 * cfg.n_layers + 1  # q k v o gate up down
+  else:
+    with use_abstract_mesh(AbstractMesh((1,), ("data",), abstract_device=device)):
+      text = forward.trace(params, tokens, cache).lower(lowering_platforms=(platform,)).as_text()
+    assert rows_cpu.TARGET not in text and "dot_general" in text
