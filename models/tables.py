@@ -48,17 +48,28 @@ def table_dot(features: jax.Array, table: jax.Array) -> jax.Array:
   (models/kernels/rows_cpu.py), and up to MAX_SLICED_ROWS otherwise to the sliced form; other
   backends, and more rows, get one einsum.
   """
-  if math.prod(features.shape[:-1]) > MAX_SLICED_ROWS:
+  m = math.prod(features.shape[:-1])
+  if m > MAX_SLICED_ROWS:
     return _one_dot(features, table)
-  return jax.lax.platform_dependent(features, table, cpu=_cpu_dot, default=_one_dot)
+  # Decided here, not inside the branch: JAX caches a branch's trace by function, so a switch
+  # read inside it would be read once per process.
+  kernel = (m <= rows_cpu.MAX_ROWS and features.dtype == table.dtype == jnp.float32
+            and rows_cpu.enabled())
+  cpu = _rows_kernel_dot if kernel else _sliced_dot
+  return jax.lax.platform_dependent(features, table, cpu=cpu, default=_one_dot)
 
 
 def _one_dot(features: jax.Array, table: jax.Array) -> jax.Array:
   return jnp.einsum("...d,vd->...v", features, table)
 
 
-def _cpu_dot(features: jax.Array, table: jax.Array) -> jax.Array:
-  """features [..., d] . table [v, d] -> [..., v] as XLA:CPU or the rows kernel runs it fastest.
+def _rows_kernel_dot(features: jax.Array, table: jax.Array) -> jax.Array:
+  flat = features.reshape(-1, table.shape[1])
+  return rows_cpu.rows_dot(flat, table).reshape(*features.shape[:-1], table.shape[0])
+
+
+def _sliced_dot(features: jax.Array, table: jax.Array) -> jax.Array:
+  """features [..., d] . table [v, d] -> [..., v] as XLA:CPU runs it fastest.
 
   Sliced, the table is [n, v/n, d] (a free reshape) and the product is asked for as
   [n, rows, v/n], then moved to [rows, v]: jnp.einsum then puts the table on the dot's left, and
@@ -70,10 +81,7 @@ def _cpu_dot(features: jax.Array, table: jax.Array) -> jax.Array:
   m = math.prod(lead)
   flat = features.reshape(m, d)
   n = slices(v)
-  if (m <= rows_cpu.MAX_ROWS and features.dtype == table.dtype == jnp.float32
-      and rows_cpu.enabled()):
-    out = rows_cpu.rows_dot(flat, table)  # [m, v]
-  elif n == 1:
+  if n == 1:
     out = _one_dot(flat, table)
   else:
     if m > PAD_FROM and m % PAD_ROWS_TO:

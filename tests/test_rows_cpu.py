@@ -110,3 +110,12 @@ def test_an_accelerator_lowering_holds_no_rows_kernel(platform, device):
     with use_abstract_mesh(AbstractMesh((1,), ("data",), abstract_device=device)):
       text = forward.trace(params, tokens, cache).lower(lowering_platforms=(platform,)).as_text()
     assert rows_cpu.TARGET not in text and "dot_general" in text
+
+
+def test_the_switch_holds_for_shapes_traced_before(monkeypatch):
+  """SPECULAX_ROWS_KERNEL is read at every trace, not once per process (JAX caches a branch's
+  trace by function: the choice is made before the branch)."""
+  features, table = jnp.zeros((3, 48)), jnp.zeros((2048, 48))
+  for switch, form in [("1", "kernel"), ("0", "sliced"), ("1", "kernel")]:
+    monkeypatch.setenv(rows_cpu.SWITCH, switch)
+    assert _form(features, table) == form
