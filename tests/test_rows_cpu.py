@@ -78,8 +78,8 @@ def _form(features, table) -> str:
 
 
 @pytest.mark.parametrize("rows, dtype, switch, form", [
-    (1, jnp.float32, "1", "kernel"), (8, jnp.float32, "1", "kernel"),
-    (9, jnp.float32, "1", "sliced"), (65, jnp.float32, "1", "one dot"),
+    (1, jnp.float32, "1", "kernel"), (32, jnp.float32, "1", "kernel"),
+    (33, jnp.float32, "1", "sliced"), (65, jnp.float32, "1", "one dot"),
     (2, jnp.bfloat16, "1", "sliced"), (2, jnp.float32, "0", "sliced")])
 def test_table_dot_takes_the_kernel_for_few_float32_rows(monkeypatch, rows, dtype, switch, form):
   monkeypatch.setenv(rows_cpu.SWITCH, switch)

@@ -1,12 +1,12 @@
 """A few feature rows times a weight stored as a table of output rows, on the CPU, in one pass
 over the table: x [m, d] . table [v, d] over d -> [m, v], float32 (rows_cpu.cc).
 
-Why not XLA: decoding and verifying multiply 1-16 rows with every weight of the model once per
+Why not XLA: decoding and verifying multiply 1-32 rows with every weight of the model once per
 step, a bandwidth-bound product, and XLA:CPU runs it well below the machine's bandwidth (its
 matrix-vector dot for one row, YNNPACK's GEMM for more: models/tables.py). Measured (x86_64, 2
-cores, 2026-12-04, SmolLM2-135M's 211 dense tables, 538 MB, one step, ms at 1 / 2 / 4 / 8 rows):
-this kernel 17 / 19 / 27 / 31 alone in a C++ loop, against XLA's 34 / 46 / 45 / - in the model.
-Pallas does not compile for the CPU, so the kernel is C++ behind JAX's foreign function
+cores, 2026-12-04, SmolLM2-135M's 211 dense tables, 538 MB, in one jitted function, ms at 1 / 2 /
+4 / 8 / 16 / 32 rows): this kernel 20 / 20 / 22 / 25 / 36 / 56, XLA's sliced dot 26 / 33 / 35 /
+39 / 50 / 68. Pallas does not compile for the CPU, so the kernel is C++ behind JAX's foreign function
 interface (`jax.ffi`), the tool JAX provides for a CPU kernel of one's own.
 
 Built on first use with the machine's C++ compiler (`$CXX`, else g++; ~10 s) for its own CPU
@@ -39,8 +39,9 @@ SOURCE = Path(__file__).with_name("rows_cpu.cc")
 TARGET = "speculax_rows_dot"
 SWITCH = "SPECULAX_ROWS_KERNEL"  # "0": off
 CACHE = "SPECULAX_CACHE"
-MAX_ROWS = 8  # feature rows up to which models/tables.py asks the kernel: at 16 (a batch-1
-# forward of 16 tokens, or batch 8 verifying 2) XLA's sliced dot ran 10-15% faster
+MAX_ROWS = 32  # feature rows up to which models/tables.py asks the kernel: at 64 XLA's sliced
+# dot ran ~15% faster (SmolLM2's 211 dense tables, ms at 16 / 32 / 64 rows: kernel 36 / 56 / 93,
+# XLA 49 / 67 / 78)
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 
 
