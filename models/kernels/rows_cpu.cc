@@ -28,7 +28,7 @@ namespace {
 constexpr int kLanes = 16;
 constexpr int kMaxRows = 8;  // feature rows per pass over a tile (accumulators in registers)
 constexpr int kTileRows = 3;  // table rows per tile: 8 x 3 accumulators + 4 operands in 32 zmm
-constexpr int64_t kChunkRows = 128;  // table rows per unit of work shared among threads
+constexpr int64_t kChunkRows = 42 * kTileRows;  // table rows per unit of work among threads
 constexpr int64_t kMinParallelBytes = 1 << 18;  // smaller tables: one thread (waking costs more)
 
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
