@@ -41,20 +41,20 @@ def slices(v: int) -> int:
 
 
 def table_dot(features: jax.Array, table: jax.Array) -> jax.Array:
-  """features [..., d] . table [v, d] over d -> [..., v] (the features' dtype).
+  """features [..., d] . table [v, d] over d -> [..., v] (in both dtypes' result type).
 
   On the CPU (chosen when lowering, `platform_dependent`, so a CPU machine can still lower this
-  for an accelerator), up to `rows_cpu.MAX_ROWS` float32 rows go to the rows kernel
-  (models/kernels/rows_cpu.py), and up to MAX_SLICED_ROWS otherwise to the sliced form; other
-  backends, and more rows, get one einsum.
+  for an accelerator), up to `rows_cpu.MAX_ROWS` rows against a float32 or bfloat16 table go to
+  the rows kernel (models/kernels/rows_cpu.py), and up to MAX_SLICED_ROWS otherwise to the sliced
+  form; other backends, and more rows, get one einsum.
   """
   m = math.prod(features.shape[:-1])
   if m > MAX_SLICED_ROWS:
     return _one_dot(features, table)
   # Decided here, not inside the branch: JAX caches a branch's trace by function, so a switch
   # read inside it would be read once per process.
-  kernel = (m <= rows_cpu.MAX_ROWS and features.dtype == table.dtype == jnp.float32
-            and rows_cpu.enabled())
+  kernel = (m <= rows_cpu.MAX_ROWS and table.dtype in rows_cpu.TABLE_DTYPES
+            and jnp.issubdtype(features.dtype, jnp.floating) and rows_cpu.enabled())
   cpu = _rows_kernel_dot if kernel else _sliced_dot
   return jax.lax.platform_dependent(features, table, cpu=cpu, default=_one_dot)
 
@@ -64,8 +64,10 @@ def _one_dot(features: jax.Array, table: jax.Array) -> jax.Array:
 
 
 def _rows_kernel_dot(features: jax.Array, table: jax.Array) -> jax.Array:
-  flat = features.reshape(-1, table.shape[1])
-  return rows_cpu.rows_dot(flat, table).reshape(*features.shape[:-1], table.shape[0])
+  """The kernel sums in float32 and the result takes the dtype XLA's product would."""
+  flat = features.reshape(-1, table.shape[1]).astype(jnp.float32)
+  out = rows_cpu.rows_dot(flat, table).astype(jnp.result_type(features, table))
+  return out.reshape(*features.shape[:-1], table.shape[0])
 
 
 def _sliced_dot(features: jax.Array, table: jax.Array) -> jax.Array:

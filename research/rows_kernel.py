@@ -37,15 +37,20 @@ def main(argv: list[str] | None = None) -> None:
   model = load(args.model)
   cells = [(1, t) for t in args.tokens] + [(8, t) for t in args.tokens[:2]]
   times = {(path, b, t): [] for path in PATHS for b, t in cells}
-  for r in range(args.rounds):
-    for path, switch in PATHS.items():
-      os.environ[rows_cpu.SWITCH] = switch
-      for b, t in cells:
-        times[path, b, t].append(1e3 * forward_seconds(model, t, args.repeats, batch=b))
-    print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-        f"b{b} t={t} {times['kernel', b, t][-1]:.1f}/{times['xla', b, t][-1]:.1f} ms"
-        for b, t in cells), flush=True)
-  os.environ.pop(rows_cpu.SWITCH)
+  before = os.environ.get(rows_cpu.SWITCH)
+  try:
+    for r in range(args.rounds):
+      for path, switch in PATHS.items():
+        os.environ[rows_cpu.SWITCH] = switch
+        for b, t in cells:
+          times[path, b, t].append(1e3 * forward_seconds(model, t, args.repeats, batch=b))
+      print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+          f"b{b} t={t} {times['kernel', b, t][-1]:.1f}/{times['xla', b, t][-1]:.1f} ms"
+          for b, t in cells), flush=True)
+  finally:  # the switch as it was
+    os.environ.pop(rows_cpu.SWITCH)
+    if before is not None:
+      os.environ[rows_cpu.SWITCH] = before
 
   rows = []
   for b, t in cells:

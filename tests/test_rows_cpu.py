@@ -1,5 +1,7 @@
 """models/kernels/rows_cpu: the CPU rows kernel against float64 numpy, a row's result
 independent of the rows beside it, bad input, the build's fallback, and where table_dot uses it."""
+import json
+import os
 import re
 
 import jax
@@ -18,24 +20,27 @@ def _random(shape, seed):
   return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("m, v, d", [(1, 7, 16), (2, 100, 40), (4, 1000, 576), (8, 301, 33),
                                      (9, 130, 64), (16, 4096, 64), (5, 1, 17)])
-def test_equals_numpy(m, v, d):
+def test_equals_numpy(m, v, d, dtype):
   """d not a multiple of 16 (a tail), v not a multiple of a tile or a chunk, more rows than one
-  pass takes (9, 16), tables large enough to be shared among threads (4096 x 64, 1000 x 576)."""
-  x, table = _random((m, d), 0), _random((v, d), 1)
+  pass takes (9, 16), tables large enough to be shared among threads (4096 x 64, 1000 x 576);
+  a bfloat16 table is read exactly (the reference takes the same rounded values)."""
+  x, table = _random((m, d), 0), jnp.asarray(_random((v, d), 1), dtype)
   out = np.asarray(jax.jit(rows_cpu.rows_dot)(x, table))
-  assert out.shape == (m, v)
-  ref = x.astype(np.float64) @ table.astype(np.float64).T
+  assert out.shape == (m, v) and out.dtype == np.float32
+  ref = x.astype(np.float64) @ np.asarray(table.astype(jnp.float32), np.float64).T
   atol = 1e-5 * np.sqrt(d)  # float32 sums of d products of unit normals
   np.testing.assert_allclose(out, ref, rtol=1e-5, atol=atol)
   np.testing.assert_allclose(out, rows_cpu.rows_dot_reference(x, table), rtol=1e-5, atol=atol)
 
 
-def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(dtype):
   """Bit for bit: each row alone, and the rows in another order and count, as in the full call
   (what makes a one-token step and a verify forward agree exactly on dense outputs)."""
-  x, table = _random((11, 200), 2), _random((3001, 200), 3)
+  x, table = _random((11, 200), 2), jnp.asarray(_random((3001, 200), 3), dtype)
   dot = jax.jit(rows_cpu.rows_dot)
   full = np.asarray(dot(x, table))
   for j in range(11):
@@ -47,11 +52,13 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
 @pytest.mark.parametrize("x_shape, t_shape, dtype, match", [
     ((4,), (8, 4), jnp.float32, r"x \[m, d\] and table \[v, d\]; got \(4,\)"),
     ((2, 4), (8, 5), jnp.float32, r"got \(2, 4\) and \(8, 5\)"),
-    ((2, 4), (8, 4), jnp.bfloat16, "float32; got bfloat16"),
+    ((2, 4), (8, 4), (jnp.bfloat16, jnp.float32), "float32 x .*; got bfloat16 and float32"),
+    ((2, 4), (8, 4), (jnp.float32, jnp.float16), "bfloat16 table; got float32 and float16"),
 ])
 def test_bad_input(x_shape, t_shape, dtype, match):
+  x_dtype, t_dtype = dtype if isinstance(dtype, tuple) else (dtype, dtype)
   with pytest.raises(ValueError, match=match):
-    rows_cpu.rows_dot(jnp.zeros(x_shape, dtype), jnp.zeros(t_shape, dtype))
+    rows_cpu.rows_dot(jnp.zeros(x_shape, x_dtype), jnp.zeros(t_shape, t_dtype))
 
 
 def test_without_a_compiler_a_warning_and_xla(monkeypatch, tmp_path):
@@ -80,7 +87,8 @@ def _form(features, table) -> str:
 @pytest.mark.parametrize("rows, dtype, switch, form", [
     (1, jnp.float32, "1", "kernel"), (32, jnp.float32, "1", "kernel"),
     (33, jnp.float32, "1", "sliced"), (65, jnp.float32, "1", "one dot"),
-    (2, jnp.bfloat16, "1", "sliced"), (2, jnp.float32, "0", "sliced")])
+    (2, jnp.bfloat16, "1", "kernel"), (2, jnp.float16, "1", "sliced"),
+    (2, jnp.float32, "0", "sliced")])
 def test_table_dot_takes_the_kernel_for_few_float32_rows(monkeypatch, rows, dtype, switch, form):
   monkeypatch.setenv(rows_cpu.SWITCH, switch)
   features, table = jnp.zeros((rows, 64), dtype), jnp.zeros((4096, 64), dtype)
@@ -119,3 +127,31 @@ def test_the_switch_holds_for_shapes_traced_before(monkeypatch):
   for switch, form in [("1", "kernel"), ("0", "sliced"), ("1", "kernel")]:
     monkeypatch.setenv(rows_cpu.SWITCH, switch)
     assert _form(features, table) == form
+
+
+def test_the_research_script_times_both_paths(tmp_path, tiny_chat_folder):
+  from speculax.research import rows_kernel
+  rows_kernel.main(["--model", str(tiny_chat_folder), "--tokens", "1", "2", "--rounds", "1",
+                    "--repeats", "1", "--out", str(tmp_path)])
+  rows = json.loads((tmp_path / "rows_kernel.json").read_text())["rows"]
+  assert [(r["batch"], r["t"]) for r in rows] == [(1, 1), (1, 2), (8, 1), (8, 2)]
+  for r in rows:
+    assert r["kernel_ms"] > 0 and r["xla_ms"] > 0 and len(r["rounds"]["kernel"]) == 1
+    assert r["kernel_over_one_token"] == r["kernel_ms"] / rows[0 if r["batch"] == 1 else 2][
+        "kernel_ms"]
+  assert (tmp_path / "rows_kernel.png").stat().st_size > 0
+  assert rows_cpu.SWITCH not in os.environ  # the script leaves the switch as it found it
+  with pytest.raises(SystemExit):
+    rows_kernel.main(["--tokens", "2", "4", "--out", str(tmp_path)])
+
+
+def test_gradients_through_the_kernel_equal_the_references():
+  """Online adaptation trains a drafter in decoding's param form (tables, few rows): the kernel
+  has a VJP, XLA's products of the reference."""
+  x, table = _random((5, 48), 8), _random((300, 48), 9)
+  w = _random((5, 300), 10)
+  loss = lambda dot: lambda x, t: jnp.sum(jnp.sin(dot(x, t)) * w)
+  got = jax.jit(jax.grad(loss(rows_cpu.rows_dot), argnums=(0, 1)))(x, table)
+  want = jax.grad(loss(rows_cpu.rows_dot_reference), argnums=(0, 1))(x, table)
+  for g, r in zip(got, want):
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)

@@ -42,6 +42,27 @@ inline Vec Load(const float* p) {
   return v;
 }
 
+typedef uint16_t Bf16x16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t U32x16 __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+
+inline Vec Load(const uint16_t* p) {  // bf16: the float32 with these bits on top, exact
+  Bf16x16 h;
+  std::memcpy(&h, p, sizeof(h));
+  const U32x16 bits = __builtin_convertvector(h, U32x16) << 16;
+  Vec v;
+  std::memcpy(&v, &bits, sizeof(Vec));
+  return v;
+}
+
+inline float ToFloat(float f) { return f; }
+
+inline float ToFloat(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
 inline float LaneSum(Vec a) {  // halves added pairwise: lanes i and i + 8, then i + 4, ...
   const Vec8 a8 = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
                   __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -55,11 +76,10 @@ inline float LaneSum(Vec a) {  // halves added pairwise: lanes i and i + 8, then
 // is loaded once for M rows and each feature chunk once for NB table rows. The next tile's rows
 // are prefetched as this one's are read: without it the hardware's prefetch fell behind from 2
 // rows on (SmolLM2's head at 4 / 8 rows: 4.9 / 6.1 ms, prefetched 2.2 / 2.6; one row 2.5 / 2.2).
-template <int M, int NB>
-inline void Tile(const float* x, const float* table, float* out, int64_t d, int64_t v,
-                 int64_t n) {
+template <int M, int NB, typename T>
+inline void Tile(const float* x, const T* table, float* out, int64_t d, int64_t v, int64_t n) {
   const int64_t body = d - d % kLanes;
-  const float* w = table + n * d;
+  const T* w = table + n * d;
   Vec acc[M][NB] = {};
   for (int64_t k = 0; k < body; k += kLanes) {
     Vec wk[NB];
@@ -75,37 +95,38 @@ inline void Tile(const float* x, const float* table, float* out, int64_t d, int6
   for (int j = 0; j < M; ++j)
     for (int b = 0; b < NB; ++b) {
       float tail = 0.0f;
-      for (int64_t k = body; k < d; ++k) tail += w[b * d + k] * x[j * d + k];
+      for (int64_t k = body; k < d; ++k) tail += ToFloat(w[b * d + k]) * x[j * d + k];
       out[j * v + n + b] = LaneSum(acc[j][b]) + tail;
     }
 }
 
 // Table rows [n, n + NB) against all m feature rows, in passes of up to kMaxRows: the table
 // rows are read from memory once and stay in L1 for the later passes.
-template <int NB>
-void TileRows(const float* x, const float* table, float* out, int64_t m, int64_t d, int64_t v,
+template <int NB, typename T>
+void TileRows(const float* x, const T* table, float* out, int64_t m, int64_t d, int64_t v,
               int64_t n) {
   for (int64_t j0 = 0; j0 < m; j0 += kMaxRows) {
     const float* xj = x + j0 * d;
     float* oj = out + j0 * v;
     switch (std::min<int64_t>(m - j0, kMaxRows)) {
-      case 1: Tile<1, NB>(xj, table, oj, d, v, n); break;
-      case 2: Tile<2, NB>(xj, table, oj, d, v, n); break;
-      case 3: Tile<3, NB>(xj, table, oj, d, v, n); break;
-      case 4: Tile<4, NB>(xj, table, oj, d, v, n); break;
-      case 5: Tile<5, NB>(xj, table, oj, d, v, n); break;
-      case 6: Tile<6, NB>(xj, table, oj, d, v, n); break;
-      case 7: Tile<7, NB>(xj, table, oj, d, v, n); break;
-      default: Tile<8, NB>(xj, table, oj, d, v, n); break;
+      case 1: Tile<1, NB, T>(xj, table, oj, d, v, n); break;
+      case 2: Tile<2, NB, T>(xj, table, oj, d, v, n); break;
+      case 3: Tile<3, NB, T>(xj, table, oj, d, v, n); break;
+      case 4: Tile<4, NB, T>(xj, table, oj, d, v, n); break;
+      case 5: Tile<5, NB, T>(xj, table, oj, d, v, n); break;
+      case 6: Tile<6, NB, T>(xj, table, oj, d, v, n); break;
+      case 7: Tile<7, NB, T>(xj, table, oj, d, v, n); break;
+      default: Tile<8, NB, T>(xj, table, oj, d, v, n); break;
     }
   }
 }
 
-void Rows(const float* x, const float* table, float* out, int64_t m, int64_t d, int64_t v,
+template <typename T>
+void Rows(const float* x, const T* table, float* out, int64_t m, int64_t d, int64_t v,
           int64_t n0, int64_t n1) {
   int64_t n = n0;
-  for (; n + kTileRows <= n1; n += kTileRows) TileRows<kTileRows>(x, table, out, m, d, v, n);
-  for (; n < n1; ++n) TileRows<1>(x, table, out, m, d, v, n);
+  for (; n + kTileRows <= n1; n += kTileRows) TileRows<kTileRows, T>(x, table, out, m, d, v, n);
+  for (; n < n1; ++n) TileRows<1, T>(x, table, out, m, d, v, n);
 }
 
 // The caller works too: more helpers than the other cores would take turns on them.
@@ -115,9 +136,10 @@ int64_t Cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 // The caller takes chunks too, so the call finishes even when no pool thread is free; state is
 // shared so that a task starting after the call returned finds no chunk left and touches nothing
 // else.
+template <typename T>
 struct Shared {
   const float* x;
-  const float* table;
+  const T* table;
   float* out;
   int64_t m, d, v, chunks;
   std::atomic<int64_t> next{0};
@@ -131,26 +153,42 @@ struct Shared {
   }
 };
 
-ffi::Error RowsDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> table,
+template <typename T>
+void Run(ffi::ThreadPool& pool, const float* x, const T* table, float* out, int64_t m, int64_t d,
+         int64_t v) {
+  auto shared = std::make_shared<Shared<T>>();
+  shared->x = x;
+  shared->table = table;
+  shared->out = out;
+  shared->m = m;
+  shared->d = d;
+  shared->v = v;
+  shared->chunks = (v + kChunkRows - 1) / kChunkRows;
+  const bool small = v * d * static_cast<int64_t>(sizeof(T)) < kMinParallelBytes;
+  const int64_t helpers =
+      small ? 0 : std::min<int64_t>({pool.num_threads(), Cores() - 1, shared->chunks - 1});
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([shared] { shared->Work(); });
+  shared->Work();
+  while (shared->done.load(std::memory_order_acquire) < shared->chunks) std::this_thread::yield();
+}
+
+// x [m, d] float32, table [v, d] float32 or bfloat16 -> out [m, v] float32.
+ffi::Error RowsDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer table,
                    ffi::ResultBuffer<ffi::F32> out) {
   const auto xd = x.dimensions(), td = table.dimensions();
   if (xd.size() != 2 || td.size() != 2 || xd[1] != td[1])
     return ffi::Error::InvalidArgument("rows_dot takes x [m, d] and table [v, d]");
   const int64_t m = xd[0], d = xd[1], v = td[0];
-  auto shared = std::make_shared<Shared>();
-  shared->x = x.typed_data();
-  shared->table = table.typed_data();
-  shared->out = out->typed_data();
-  shared->m = m;
-  shared->d = d;
-  shared->v = v;
-  shared->chunks = (v + kChunkRows - 1) / kChunkRows;
-  const int64_t helpers = v * d * static_cast<int64_t>(sizeof(float)) < kMinParallelBytes
-                              ? 0
-                              : std::min<int64_t>({pool.num_threads(), Cores() - 1, shared->chunks - 1});
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([shared] { shared->Work(); });
-  shared->Work();
-  while (shared->done.load(std::memory_order_acquire) < shared->chunks) std::this_thread::yield();
+  switch (table.element_type()) {
+    case ffi::F32:
+      Run(pool, x.typed_data(), table.typed_data<float>(), out->typed_data(), m, d, v);
+      break;
+    case ffi::BF16:
+      Run(pool, x.typed_data(), table.reinterpret_data<uint16_t>(), out->typed_data(), m, d, v);
+      break;
+    default:
+      return ffi::Error::InvalidArgument("rows_dot takes a float32 or bfloat16 table");
+  }
   return ffi::Error::Success();
 }
 
@@ -160,5 +198,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpeculaxRowsDot, RowsDot,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

@@ -1,15 +1,16 @@
 """A few feature rows times a weight stored as a table of output rows, on the CPU, in one pass
-over the table: x [m, d] . table [v, d] over d -> [m, v], float32 (rows_cpu.cc).
+over the table: x [m, d] . table [v, d] over d -> [m, v], float32, the table float32 or bfloat16
+(rows_cpu.cc).
 
 Why not XLA: decoding and verifying multiply 1-32 rows with every weight of the model once per
 step, a bandwidth-bound product, and XLA:CPU runs it well below the machine's bandwidth (its
 matrix-vector dot for one row, YNNPACK's GEMM for more: models/tables.py). Measured (x86_64, 2
 cores, 2026-12-04, SmolLM2-135M's 211 dense tables, 538 MB, in one jitted function, ms at 1 / 2 /
 4 / 8 / 16 / 32 rows): this kernel 20 / 20 / 22 / 25 / 36 / 56, XLA's sliced dot 26 / 33 / 35 /
-39 / 50 / 68. Pallas does not compile for the CPU, so the kernel is C++ behind JAX's foreign function
-interface (`jax.ffi`), the tool JAX provides for a CPU kernel of one's own.
+39 / 50 / 68. Pallas does not compile for the CPU, so the kernel is C++ behind JAX's foreign
+function interface (`jax.ffi`), the tool JAX provides for a CPU kernel of one's own.
 
-Built on first use with the machine's C++ compiler (`$CXX`, else g++; ~10 s) for its own CPU
+Built on first use with the machine's C++ compiler (`$CXX`, else g++; ~5 s) for its own CPU
 (-march=native) into `$SPECULAX_CACHE/native` (default ~/.cache/speculax/native), keyed by the
 source, the compiler, jaxlib and the CPU's flags. `SPECULAX_ROWS_KERNEL=0` turns it off
 (models/tables.py then asks XLA, as before it); where it cannot be built (no compiler) a warning
@@ -42,12 +43,14 @@ CACHE = "SPECULAX_CACHE"
 MAX_ROWS = 32  # feature rows up to which models/tables.py asks the kernel: at 64 XLA's sliced
 # dot ran ~15% faster (SmolLM2's 211 dense tables, ms at 16 / 32 / 64 rows: kernel 36 / 56 / 93,
 # XLA 49 / 67 / 78)
+TABLE_DTYPES = (jnp.float32, jnp.bfloat16)
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 
 
 def rows_dot_reference(x: jax.Array, table: jax.Array) -> jax.Array:
   """x [m, d] . table [v, d] over d -> [m, v] in float32."""
-  return jnp.einsum("md,vd->mv", x, table, precision=jax.lax.Precision.HIGHEST)
+  return jnp.einsum("md,vd->mv", x, table.astype(jnp.float32),
+                    precision=jax.lax.Precision.HIGHEST)
 
 
 def _cpu_flags() -> str:
@@ -107,12 +110,32 @@ def enabled() -> bool:
 
 
 def rows_dot(x: jax.Array, table: jax.Array) -> jax.Array:
-  """x [m, d] . table [v, d] over d -> [m, v], both float32, by the kernel (CPU only)."""
+  """x [m, d] float32 . table [v, d] float32 or bfloat16 over d -> [m, v] float32, by the
+  kernel (CPU only; a bfloat16 table is widened exactly as it is read, sums are float32)."""
   if x.ndim != 2 or table.ndim != 2 or x.shape[1] != table.shape[1]:
     raise ValueError(f"rows_dot takes x [m, d] and table [v, d]; got {x.shape} and {table.shape}")
-  if x.dtype != jnp.float32 or table.dtype != jnp.float32:
-    raise ValueError(f"rows_dot takes float32; got {x.dtype} and {table.dtype}")
+  if x.dtype != jnp.float32 or table.dtype not in TABLE_DTYPES:
+    raise ValueError(f"rows_dot takes float32 x and a float32 or bfloat16 table; got {x.dtype} "
+                     f"and {table.dtype}")
   if not _registered():
     raise RuntimeError("the CPU rows kernel could not be built (see the warning above)")
+  return _rows_dot(x, table)
+
+
+@jax.custom_vjp
+def _rows_dot(x: jax.Array, table: jax.Array) -> jax.Array:
   out = jax.ShapeDtypeStruct((x.shape[0], table.shape[0]), jnp.float32)
   return jax.ffi.ffi_call(TARGET, out, vmap_method="sequential")(x, table)
+
+
+def _rows_dot_forward(x, table):
+  return _rows_dot(x, table), (x, table)
+
+
+def _rows_dot_backward(saved, g):  # g [m, v]; XLA's products (training is not the few-row case)
+  x, table = saved
+  return (jnp.einsum("mv,vd->md", g, table.astype(jnp.float32)),
+          jnp.einsum("mv,md->vd", g, x).astype(table.dtype))
+
+
+_rows_dot.defvjp(_rows_dot_forward, _rows_dot_backward)
