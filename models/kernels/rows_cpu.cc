@@ -1,5 +1,6 @@
 // The product of a few feature rows with a weight stored as a table of output rows, on the CPU:
-// out[m, v] = x[m, d] . table[v, d] over d, read in one pass over the table.
+// out[m, v] = x[m, d] . table[v, d] over d, read in one pass over the table; x and out float32,
+// the table float32 or bfloat16.
 //
 // Why a kernel of our own: XLA:CPU runs this product (one to a few dozen rows, the table as
 // large as a layer's weight or the vocabulary head) well under the machine's bandwidth: its
@@ -11,7 +12,10 @@
 // Each output element is the same sequence of fused multiply-adds over d in 16 lanes, then the
 // same pairwise sum of the lanes, whatever m is and whichever thread computes it: a row's result
 // does not depend on which other rows share the call (a one-token step and a verify forward
-// give bit-identical logits for the same position).
+// give bit-identical dense outputs for the same features).
+//
+// Tile sizes are for AVX-512's 32 vector registers (-march=native); with fewer (AVX2) GCC
+// splits each vector in two and spills, correct but slower.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
