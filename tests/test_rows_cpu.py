@@ -2,7 +2,6 @@
 independent of the rows beside it, bad input, the build's fallback, and where table_dot uses it."""
 import json
 import os
-import re
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +13,7 @@ from speculax.models import llama, tables
 from speculax.models.config import get_preset
 from speculax.models.kernels import rows_cpu
 from speculax.models.kvcache import KVCache
+from test_tables import dot_lhs_shapes, lowered_for_cpu
 
 
 def _random(shape, seed):
@@ -77,11 +77,10 @@ def test_without_a_compiler_a_warning_and_xla(monkeypatch, tmp_path):
 
 def _form(features, table) -> str:
   """What table_dot runs on the CPU: "kernel", "sliced" (a 3-d table operand) or "one dot"."""
-  text = jax.jit(lambda f, t: tables.table_dot(f, t)).lower(features, table).as_text()
+  text = lowered_for_cpu(lambda f, t: tables.table_dot(f, t), features, table)
   if rows_cpu.TARGET in text:
     return "kernel"
-  lhs = re.findall(r"stablehlo\.dot_general.*: \(tensor<([^>]*)>", text)
-  return "sliced" if lhs[0].count("x") == 3 else "one dot"  # the sliced form: [n, v/n, d] left
+  return "sliced" if len(dot_lhs_shapes(text)[0]) == 3 else "one dot"  # sliced: [n, v/n, d] left
 
 
 @pytest.mark.parametrize("rows, dtype, switch, form", [

@@ -10,9 +10,12 @@ from speculax.models.kernels import rows_cpu
 from speculax.models.tables import MAX_SLICED_ROWS, as_table, dense, slices, table_dot
 
 
-def _lhs_shapes(fn, *args) -> list[tuple]:
-  """The left operand's shape of every dot_general in fn lowered for the CPU."""
-  text = jax.jit(fn).lower(*args).as_text()
+def lowered_for_cpu(fn, *args) -> str:
+  return jax.jit(fn).lower(*args).as_text()
+
+
+def dot_lhs_shapes(text: str) -> list[tuple]:
+  """The left operand's shape of every dot_general in a lowered module's text."""
   lhs = re.findall(r"stablehlo\.dot_general.*: \(tensor<([^>]*)>", text)
   return [tuple(int(n) for n in shape.split("x")[:-1]) for shape in lhs]
 
@@ -36,7 +39,7 @@ def test_equals_one_dot_against_numpy(lead, monkeypatch):
   # the form taken: sliced for few rows on CPU, one dot past the cut-off
   sliced = np.prod(lead) <= MAX_SLICED_ROWS
   lhs = (4, 1024, 32) if sliced else features.shape
-  assert _lhs_shapes(lambda f, t: table_dot(f, t), features, table) == [lhs]
+  assert dot_lhs_shapes(lowered_for_cpu(lambda f, t: table_dot(f, t), features, table)) == [lhs]
 
 
 @pytest.mark.parametrize("w_shape, n_in", [((32, 4, 8), 1), ((4, 8, 32), 2), ((32, 96), 1)])
