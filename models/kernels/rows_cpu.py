@@ -103,8 +103,8 @@ def _registered() -> bool:
 
 
 def enabled() -> bool:
-  """Whether models/tables.py routes float32 few-row products here: on the CPU backend, unless
-  SPECULAX_ROWS_KERNEL=0, and once the kernel is built."""
+  """Whether models/tables.py routes few-row products (float32 features, float32 or bfloat16
+  tables) here: on the CPU backend, unless SPECULAX_ROWS_KERNEL=0, and once the kernel is built."""
   return (os.environ.get(SWITCH, "1") != "0" and jax.default_backend() == "cpu"
           and _registered())
 
