@@ -11,6 +11,7 @@ import numpy as np
 from speculax.core.trees import parse_tree
 from speculax.drafters import heads_io, registry
 from speculax.drafters.layer_skip_search import SkipSearchResult, search_skip_set
+from speculax.drafters.lookup_first import LookupFirst
 from speculax.models.assets import humaneval_prompts
 
 CALIBRATION_PROMPTS = 4  # HumanEval prompts layer skip's search calibrates on (no suite uses them)
@@ -33,13 +34,15 @@ def build_drafter(kind: str, model, load: Callable, options: dict, k: int,
     other = load(options["draft"])  # a model; a distilled run folder loads as a drafter
     options["draft"] = (other.config, other.params)
   drafter, params = registry.make(kind, model.params, model.config, **options)
-  if fields:
-    names = {f.name for f in dataclasses.fields(drafter)}
+  if fields:  # the drafter's own, under a LookupFirst that `lookup` put around it
+    own = drafter.drafter if isinstance(drafter, LookupFirst) else drafter
+    names = {f.name for f in dataclasses.fields(own)}
     unknown = sorted(fields.keys() - names)
     if unknown:
       raise ValueError(f"{kind} has no field {', '.join(unknown)} to set (it has: "
                        f"{', '.join(sorted(names))})")
-    drafter = dataclasses.replace(drafter, **fields)
+    own = dataclasses.replace(own, **fields)
+    drafter = dataclasses.replace(drafter, drafter=own) if own is not drafter else own
   return registry.LoadedDrafter(drafter, params)
 
 

@@ -90,6 +90,10 @@ def add_drafter(p: argparse.ArgumentParser, default: str, allow_none: bool, k: i
   p.add_argument("--exit-threshold", type=float, default=None, metavar="P",
                  help="early exit (Kangaroo): a chain ends before a draft whose top draft "
                       "probability is below P, in (0, 1)")
+  p.add_argument("--lookup", type=count(1), default=None, metavar="N",
+                 help="prompt lookup first: rows whose last N or more tokens occurred earlier "
+                      "draft what followed them, the others the drafter's own chain (not for "
+                      "draft models)")
 
 
 def drafter_options(args) -> tuple[dict, dict]:
@@ -101,7 +105,7 @@ def drafter_options(args) -> tuple[dict, dict]:
              "draft_layers": args.draft_layers, "adapt": args.adapt,
              "max_ngram": args.max_ngram, "min_ngram": args.min_ngram,
              "vocab_trim": args.vocab_trim, "vocab_ids": args.vocab_ids,
-             "exit_threshold": args.exit_threshold}
+             "exit_threshold": args.exit_threshold, "lookup": args.lookup}
   fields = {name: value for name, value in (("stop_threshold", args.stop_threshold),
                                             ("max_lag", args.max_lag),
                                             ("n", args.drafts), ("rule", args.rule))

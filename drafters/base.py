@@ -41,6 +41,9 @@ class Drafter(Checked, abc.ABC):
   trained: ClassVar[bool] = False
   # A serving loop passes each batch's final state back as the next batch's params.
   hot_start: ClassVar[bool] = False
+  # `update` takes the kept drafts for its own (a draft model keeps their K/V from drafting), so
+  # it cannot follow drafts another drafter proposed (drafters/lookup_first.py).
+  keeps_own_drafts: ClassVar[bool] = False
 
   # --- what the decode loop reads ---
   tree: Tree | None = None  # a tree drafted instead of a chain of k (a field where supported)

@@ -30,6 +30,7 @@ class DraftModel(Drafter):
   name: ClassVar[str] = "draft-model"
   summary: ClassVar[str] = ("a smaller model of the same vocabulary (default: a cut of the "
                             "target's layers; distil it with `speculax train`); chain or tree")
+  keeps_own_drafts: ClassVar[bool] = True  # its cache keeps the K/V of what it drafted
   config: LlamaConfig
   tree: Tree | None = None  # None: a chain of k drafts
   vocab_trim: int = field(0, ge=0)  # VocabTrim: the N most frequent target tokens (0: all)

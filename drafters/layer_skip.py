@@ -67,6 +67,11 @@ class LayerSkip(Drafter):
   # tokens on a 2-core CPU; research.common.verify_cost measures it).
   verify_cost: float = field(1.0, gt=0)
 
+  @property
+  def keeps_own_drafts(self) -> bool:
+    """With alternatives, `update` counts the kept drafts as the drafting set's."""
+    return bool(self.alternatives)
+
   @classmethod
   def skipping(cls, n_layers: int, skip, tree: Tree | None = None, alternatives=()) -> LayerSkip:
     """The drafter that runs every layer except those in `skip` (and may switch to running every

@@ -23,6 +23,7 @@ from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.eagle import Eagle
 from speculax.drafters.hydra import Hydra
 from speculax.drafters.layer_skip import LayerSkip
+from speculax.drafters.lookup_first import LookupFirst
 from speculax.drafters.medusa import Medusa
 from speculax.drafters.multi_draft import MultiDraftModel
 from speculax.drafters.prompt_lookup import PromptLookup
@@ -37,6 +38,9 @@ SAVED = (*TRAINED, DraftModel.name)  # kinds `speculax train` saves as run folde
 # token frequency order (an array or .npy file; a trained run folder carries its own), and
 # Kangaroo's early-exit threshold.
 COMMON = {"vocab_trim": "vocab_trim", "vocab_ids": "vocab_trim", "exit_threshold": "exit_threshold"}
+# `lookup=N`, for every chain drafter that follows whatever drafts were kept: prompt lookup's
+# continuation first, in rows whose last N or more tokens occurred earlier (LookupFirst).
+LOOKUP = "lookup"
 
 
 class LoadedDrafter(NamedTuple):
@@ -61,6 +65,8 @@ def check_options(name: str, **given) -> None:
   """Host-side, before a model loads: every option given (None = not given) is one the kind
   takes, and every option it needs is there."""
   takes, given = options(name), {k: v for k, v in given.items() if v is not None}
+  if LOOKUP in given:
+    check_lookup(name, given.pop(LOOKUP))
   for option, field in COMMON.items():
     if option in given:
       if not _has_field(get(name), field):
@@ -86,18 +92,35 @@ def check_options(name: str, **given) -> None:
 def make(name: str, target, config: LlamaConfig | None = None, **given) -> LoadedDrafter:
   """The drafter of kind `name` for a target, with its params. The target is a LoadedModel, or
   its params with `config`. Options set to None count as not given; see each kind's `build` for
-  what they mean, and COMMON for the ones every kind with the matching field takes."""
+  what they mean, COMMON for the ones every kind with the matching field takes, and LOOKUP
+  (`lookup=N`: the drafter behind prompt lookup's copies, drafters/lookup_first.py)."""
   params, config = (target.params, target.config) if config is None else (target, config)
   check_options(name, **given)
   given = {k: v for k, v in given.items() if v is not None}
   common = {k: given.pop(k) for k in COMMON if k in given}
+  lookup = given.pop(LOOKUP, None)
   drafter, params = get(name).build(params, config, **given)
   if "exit_threshold" in common:
     drafter = dataclasses.replace(drafter, exit_threshold=common["exit_threshold"])
   loaded = LoadedDrafter(drafter, params)
   if "vocab_trim" in common or "vocab_ids" in common:
     loaded = trimmed(loaded, common.get("vocab_trim", 0), common.get("vocab_ids"), config)
+  if lookup is not None:
+    loaded = LoadedDrafter(LookupFirst.of(loaded.drafter, lookup), loaded.params)
   return loaded
+
+
+def check_lookup(name: str, lookup) -> None:
+  """`lookup` (the shortest prompt-lookup match drafted first) fits kind `name`."""
+  if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 1:
+    raise ValueError(f"lookup is the shortest match prompt lookup drafts from, an int >= 1; "
+                     f"got {lookup!r}")
+  if name == PromptLookup.name:
+    raise ValueError(f"lookup={lookup} puts prompt lookup before another drafter; "
+                     f"{name} is prompt lookup already (set its min_ngram)")
+  if get(name).keeps_own_drafts is True:
+    raise ValueError(f"lookup={lookup} needs a drafter that follows whatever drafts were kept; "
+                     f"{name} takes them for its own (its cache keeps its drafts' K/V)")
 
 
 def load(folder: str | os.PathLike, target=None, tree=None, vocab_trim: int = 0) -> LoadedDrafter:

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from speculax.core.fields import field
 from speculax.core.types import TargetView, Verified
-from speculax.drafters.base import Drafter
+from speculax.drafters.wrapped import Wrapped
 
 
 @flax.struct.dataclass
@@ -34,41 +34,22 @@ class RecordState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Recording(Drafter):
+class Recording(Wrapped):
   """Drafts, verifies and updates exactly as `drafter`; records on the side."""
-  drafter: Drafter
   top_k: int = field(32, ge=1)
   all_positions: bool = False  # False: only where a draft was rejected
 
-  @property
-  def tree(self):
-    return self.drafter.tree
+  def inner(self, state: RecordState):
+    return state.inner
 
-  @property
-  def hidden_layers(self) -> tuple[int, ...]:
-    return self.drafter.hidden_layers
-
-  def verifier(self):
-    return self.drafter.verifier()
-
-  @property
-  def max_lag(self) -> int:
-    return self.drafter.max_lag
-
-  def lag(self, state: RecordState, view: TargetView) -> jax.Array:
-    return self.drafter.lag(state.inner, view)
-
-  def catch_up(self, params, state: RecordState, view: TargetView) -> RecordState:
-    return state.replace(inner=self.drafter.catch_up(params, state.inner, view))
+  def with_inner(self, state: RecordState, inner) -> RecordState:
+    return state.replace(inner=inner)
 
   def check(self, target, params, k: int) -> None:
     if not 1 <= self.top_k <= target.vocab_size:
       raise ValueError(f"recording top_k must be in [1, vocab size {target.vocab_size}], "
                        f"got {self.top_k}")
     self.drafter.check(target, params, k)
-
-  def prepare(self, params, target_params, target):
-    return self.drafter.prepare(params, target_params, target)
 
   def init(self, params, view: TargetView, config, max_len: int) -> RecordState:
     b, s = view.history.shape

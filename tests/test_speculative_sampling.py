@@ -4,8 +4,9 @@ Many copies of one prompt run as one batch (rows draw independent randoms), with
 whose distribution differs from the target's, drafting a chain, a static tree whose siblings are
 drawn without replacement, or a dynamic tree of deterministic top candidates, with Medusa or
 Hydra++ heads drafting a static tree, with EAGLE drafting a static tree or an
-adaptive-length chain (SpecDec++ stops: fewer drafts verified, the rest rejected), and with
-trimmed drafters (VocabTrim: q is zero outside 6 of the 12 ids) that exit early (Kangaroo). The exact
+adaptive-length chain (SpecDec++ stops: fewer drafts verified, the rest rejected) or after
+prompt lookup's copies (in rows whose first token occurred in the prompt), and with trimmed
+drafters (VocabTrim: q is zero outside 6 of the 12 ids) that exit early (Kangaroo). The exact
 target law comes from the target's own logits: p(x) after the prompt and p(y | x) after
 prompt + x, through the same sampling transform. Planted verifiers (one that skips the residual
 resampling, one that treats siblings drawn without replacement as i.i.d.) must fail the same
@@ -27,6 +28,7 @@ from speculax.drafters import vocab_trim
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.eagle import Eagle
 from speculax.drafters.hydra import Hydra
+from speculax.drafters.lookup_first import LookupFirst
 from speculax.drafters.medusa import Medusa
 from speculax.models import llama
 from speculax.models.config import LlamaConfig
@@ -76,7 +78,9 @@ DRAFTERS = {"chain": DraftModel(CFG), "static-tree": DraftModel(CFG, StaticTree.
             "hydra-tree": Hydra(2, StaticTree.full((3, 2)), prefix_attention=True),
             # VocabTrim (q exactly zero outside the 6 kept ids) with Kangaroo's early exit.
             "trimmed-exit-chain": DraftModel(CFG, vocab_trim=6, exit_threshold=0.3),
-            "eagle-trimmed-exit": Eagle(vocab_trim=6, exit_threshold=0.3)}
+            "eagle-trimmed-exit": Eagle(vocab_trim=6, exit_threshold=0.3),
+            # Prompt lookup first: a first token seen in the prompt is continued by copying.
+            "eagle-lookup-first": LookupFirst.of(Eagle(), 1)}
 ORDER = np.array([7, 2, 11, 0, 5, 9, 1, 3, 4, 6, 8, 10], np.int32)  # a token frequency order
 
 

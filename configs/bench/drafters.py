@@ -1,7 +1,8 @@
 """Every drafter of the framework on SmolLM2-135M (issue 18's table): prompt lookup, layer skip
 (the searched set, with Kangaroo early exit, with VocabTrim) and each trained drafter shipped in
-results/drafters (chain at several k, on the full vocabulary, and drafting a tree), on held-out
-HumanEval and chat prompts, greedy and t=1, batch 1 and 8.
+results/drafters (chain at several k, on the full vocabulary, and drafting a tree), EAGLE + TTT
+after prompt lookup's copies (`lookup`, fixed and goodput-driven length), on held-out HumanEval
+and chat prompts, greedy and t=1, batch 1 and 8.
 
   speculax bench --config drafters --out runs/bench   (~1 h on 2 CPU cores; --set to shrink)
 """
@@ -39,7 +40,7 @@ def methods(drafters=DRAFTERS, skip_k: int = 5, exit_threshold: float = 0.5,
                        vocab_ids=str(VOCAB_ORDER)))
   for label in TRAINED:
     rows += trained_rows(label, drafters)
-  return tuple(rows)
+  return tuple(rows + lookup_rows("eagle-ttt", drafters))
 
 
 def trained_rows(label: str, drafters=DRAFTERS, ks: tuple[int, ...] | None = None,
@@ -59,6 +60,25 @@ def trained_rows(label: str, drafters=DRAFTERS, ks: tuple[int, ...] | None = Non
   rows.append(method(f"{label} tree ({TREES[kind].n_nodes} nodes)", kind, k=4, **heads,
                      tree=TREES[kind]))
   return rows
+
+
+def lookup_rows(label: str, drafters=DRAFTERS) -> list:
+  """The head drafter TRAINED[label] drafting where prompt lookup finds no match of at least 2
+  (or 1, or 3) tokens, at k = 3 and goodput-driven k <= 4 (per match length: copies draft long,
+  the head drafter short), beside prompt lookup's own goodput-driven length."""
+  kind, folder, _ = TRAINED[label]
+  path = pathlib.Path(drafters) / folder
+  if not path.is_dir():
+    return []
+  heads = {"heads": str(path)}
+  return [method("prompt lookup goodput k<=4", "prompt-lookup", k=4, goodput=True),
+          method(f"{label} + lookup k=3", kind, k=3, lookup=2, **heads),
+          method(f"{label} + lookup goodput k<=4", kind, k=4, lookup=2, goodput=True, **heads),
+          method(f"{label} + lookup(1) goodput k<=4", kind, k=4, lookup=1, goodput=True,
+                 **heads),
+          method(f"{label} + lookup(3) k=3", kind, k=3, lookup=3, **heads),
+          method(f"{label} + lookup(3) goodput k<=4", kind, k=4, lookup=3, goodput=True,
+                 **heads)]
 
 
 BENCH = BenchConfig(methods=methods(), suites=("humaneval", "chat"), prompts=3,
