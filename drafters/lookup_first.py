@@ -1,7 +1,8 @@
 """Prompt lookup first: in a row whose last tokens occurred earlier in its text (a match of at
 least `lookup.min_ngram` tokens), draft what followed them (drafters/prompt_lookup.py); elsewhere,
-the wrapped drafter's chain. Code repeats its context (names, signatures, the lines being edited), which
-prompt lookup copies long and for free, while a trained drafter guesses a token or two anywhere.
+the wrapped drafter's chain. Code repeats its context (names, signatures, the lines being edited),
+which prompt lookup copies long and for free, while a trained drafter guesses a token or two
+anywhere.
 
 Which drafter drafts a row depends on its history alone, and a copied draft's law q is the
 one-hot of its token, so verification stays lossless (greedy output the target's, the sampling
