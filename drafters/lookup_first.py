@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from speculax.core.types import Draft, TargetView
+from speculax.drafters.ngram import ngram_propose
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.drafters.wrapped import Wrapped
 
@@ -51,8 +52,9 @@ class LookupFirst(Wrapped):
     self.drafter.check(target, params, k)
 
   def propose(self, params, state, view: TargetView, key, config, k: int, sampling):
-    copied = self.lookup.propose(None, (), view, key, config, k, sampling)[0].tokens  # [b, k]
-    found = self.lookup.signal(None, (), view, config) > 0  # [b] a match of >= min_ngram
+    # One pass over the history gives both (prompt lookup's propose and signal each make one).
+    copied, found = ngram_propose(view.history, view.lengths, max_ngram=self.lookup.max_ngram,
+                                  min_ngram=self.lookup.min_ngram, k=k)  # [b, k], [b]
 
     def merged(draft: Draft) -> Draft:  # copied drafts where found, the wrapped drafter's else
       q = draft.probs  # [b, k, v] or None (one-hot)
