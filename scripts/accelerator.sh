@@ -3,9 +3,10 @@
 # tokenizers, safetensors, matplotlib already there), in three verbs run from the repository root
 # there by back-to-back device calls (README "Accelerator suite" has the calls and what each
 # carries; ignored files and /tmp stay on the machine while it is warm):
-#   start       first call (carries .whl/ and the first weight shard): installs the wheels and
+#   start ...   first call (carries .whl/ and the first weight shard): installs the wheels and
 #               speculax into /tmp/site and starts, in the background, every section that needs
-#               no weights (random weights of the same shapes time the same)
+#               no weights (random weights of the same shapes time the same; arguments, if any,
+#               replace its default batches and sections)
 #   status      the calls that carry the other shards: the background run's last lines
 #   finish ...  last call (carries the last shard): waits for the background run (at most
 #               WAIT_S, default 120 s, then stops it: its rows so far are kept), runs the drafters
@@ -20,6 +21,10 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 suite=(python3 -P -m speculax.research.accelerator_suite)
 case "${1:-}" in
   start)
+    shift
+    picked=("$@")
+    [ ${#picked[@]} -gt 0 ] || picked=(
+      --batches 1,8 --sections loops,attention,verify,training,autoregressive)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl
     python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade \
@@ -28,9 +33,9 @@ case "${1:-}" in
     mkdir -p "$bg"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$bg/gpu.txt"
     python3 -P -c "import jax; print('jax', jax.__version__, jax.devices())"
-    setsid nohup "${suite[@]}" --random-weights --model smollm2-135m --batches 1,8 \
-      --sections loops,attention,verify,training,autoregressive --trace "$bg/trace" \
-      --results "$bg/accelerator_suite.json" >"$bg/accelerator_suite.log" 2>&1 </dev/null &
+    setsid nohup "${suite[@]}" --random-weights --model smollm2-135m "${picked[@]}" \
+      --trace "$bg/trace" --results "$bg/accelerator_suite.json" \
+      >"$bg/accelerator_suite.log" 2>&1 </dev/null &
     echo $! >"$bg/pid"
     sleep 20
     tail -5 "$bg/accelerator_suite.log";;
