@@ -55,7 +55,7 @@ def table_dot(features: jax.Array, table: jax.Array) -> jax.Array:
   # read inside it would be read once per process.
   kernel = (m <= rows_cpu.MAX_ROWS and table.dtype in rows_cpu.TABLE_DTYPES
             and jnp.issubdtype(features.dtype, jnp.floating) and rows_cpu.enabled())
-  cpu = _rows_kernel_dot if kernel else _sliced_dot
+  cpu = _rows_kernel_dot(rows_cpu.amx_wanted()) if kernel else _sliced_dot
   return jax.lax.platform_dependent(features, table, cpu=cpu, default=_one_dot)
 
 
@@ -63,11 +63,15 @@ def _one_dot(features: jax.Array, table: jax.Array) -> jax.Array:
   return jnp.einsum("...d,vd->...v", features, table)
 
 
-def _rows_kernel_dot(features: jax.Array, table: jax.Array) -> jax.Array:
-  """The kernel sums in float32 and the result takes the dtype XLA's product would."""
-  flat = features.reshape(-1, table.shape[1]).astype(jnp.float32)
-  out = rows_cpu.rows_dot(flat, table).astype(jnp.result_type(features, table))
-  return out.reshape(*features.shape[:-1], table.shape[0])
+@functools.cache
+def _rows_kernel_dot(amx: bool):
+  """The kernel's branch, one function per AMX switch (a branch's trace is cached by function).
+  The kernel sums in float32 and the result takes the dtype XLA's product would."""
+  def dot(features: jax.Array, table: jax.Array) -> jax.Array:
+    flat = features.reshape(-1, table.shape[1]).astype(jnp.float32)
+    out = rows_cpu.rows_dot(flat, table, amx).astype(jnp.result_type(features, table))
+    return out.reshape(*features.shape[:-1], table.shape[0])
+  return dot
 
 
 def _sliced_dot(features: jax.Array, table: jax.Array) -> jax.Array:

@@ -22,11 +22,14 @@ def _random(shape, seed):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("m, v, d", [(1, 7, 16), (2, 100, 40), (4, 1000, 576), (8, 301, 33),
-                                     (9, 130, 64), (16, 4096, 64), (5, 1, 17)])
+                                     (9, 130, 64), (16, 4096, 64), (5, 1, 17), (3, 4096, 576),
+                                     (20, 512, 96), (37, 160, 64)])
 def test_equals_numpy(m, v, d, dtype):
   """d not a multiple of 16 (a tail), v not a multiple of a tile or a chunk, more rows than one
   pass takes (9, 16), tables large enough to be shared among threads (4096 x 64, 1000 x 576);
-  a bfloat16 table is read exactly (the reference takes the same rounded values)."""
+  a bfloat16 table is read exactly (the reference takes the same rounded values). With AMX
+  (rows_cpu.amx()) bfloat16 tables of d a multiple of 32 and v of 16 go to the tile units:
+  one, two and three groups of 16 rows (3, 20, 37), features to 16 bits (the same tolerance)."""
   x, table = _random((m, d), 0), jnp.asarray(_random((v, d), 1), dtype)
   out = np.asarray(jax.jit(rows_cpu.rows_dot)(x, table))
   assert out.shape == (m, v) and out.dtype == np.float32
@@ -40,13 +43,14 @@ def test_equals_numpy(m, v, d, dtype):
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it(dtype):
   """Bit for bit: each row alone, and the rows in another order and count, as in the full call
   (what makes a one-token step and a verify forward agree exactly on dense outputs)."""
-  x, table = _random((11, 200), 2), jnp.asarray(_random((3001, 200), 3), dtype)
-  dot = jax.jit(rows_cpu.rows_dot)
-  full = np.asarray(dot(x, table))
-  for j in range(11):
-    np.testing.assert_array_equal(np.asarray(dot(x[j:j + 1], table))[0], full[j])
-  order = [10, 3, 7]
-  np.testing.assert_array_equal(np.asarray(dot(x[order], table)), full[order])
+  for (m, v, d), order in (((11, 3001, 200), [10, 3, 7]),  # the vector path
+                           ((35, 1024, 96), [34, 3, 20, 17, 0])):  # AMX's, where it has AMX
+    x, table = _random((m, d), 2), jnp.asarray(_random((v, d), 3), dtype)
+    dot = jax.jit(rows_cpu.rows_dot)
+    full = np.asarray(dot(x, table))
+    for j in range(m):
+      np.testing.assert_array_equal(np.asarray(dot(x[j:j + 1], table))[0], full[j])
+    np.testing.assert_array_equal(np.asarray(dot(x[order], table)), full[order])
 
 
 @pytest.mark.parametrize("x_shape, t_shape, dtype, match", [
@@ -64,14 +68,14 @@ def test_bad_input(x_shape, t_shape, dtype, match):
 def test_without_a_compiler_a_warning_and_xla(monkeypatch, tmp_path):
   monkeypatch.setenv("CXX", "false")
   monkeypatch.setenv(rows_cpu.CACHE, str(tmp_path))
-  rows_cpu._registered.cache_clear()
+  rows_cpu._library.cache_clear()
   try:
     with pytest.warns(UserWarning, match="rows kernel is not available.*failed"):
       assert not rows_cpu.enabled()
     x, table = _random((2, 64), 4), _random((4096, 64), 5)
     assert _form(x, table) == "sliced"
   finally:
-    rows_cpu._registered.cache_clear()
+    rows_cpu._library.cache_clear()
   assert not list(tmp_path.rglob("*.so"))
 
 
@@ -128,6 +132,21 @@ def test_the_switch_holds_for_shapes_traced_before(monkeypatch):
     assert _form(features, table) == form
 
 
+def test_the_amx_switch_chooses_the_path_of_bf16_tables(monkeypatch):
+  """SPECULAX_ROWS_AMX=0 keeps bfloat16 tables on the vector path, read at every trace of
+  table_dot (as SPECULAX_ROWS_KERNEL is); with AMX here (rows_cpu.amx()) the two paths round
+  differently, both within the float32 tolerance."""
+  x, table = _random((5, 64), 6), jnp.asarray(_random((256, 64), 7), jnp.bfloat16)
+  ref = x.astype(np.float64) @ np.asarray(table.astype(jnp.float32), np.float64).T
+  outs = []
+  for switch in ("1", "0", "1"):
+    monkeypatch.setenv(rows_cpu.AMX_SWITCH, switch)
+    outs.append(np.asarray(jax.jit(lambda f, t: tables.table_dot(f, t))(x, table)))
+    np.testing.assert_allclose(outs[-1], ref, rtol=1e-5, atol=1e-5 * 8)
+  np.testing.assert_array_equal(outs[0], outs[2])
+  assert np.array_equal(outs[0], outs[1]) != rows_cpu.amx()
+
+
 def test_the_research_script_times_both_paths(tmp_path, tiny_chat_folder):
   from speculax.research import rows_kernel
   rows_kernel.main(["--model", str(tiny_chat_folder), "--tokens", "1", "2", "--rounds", "1",
@@ -142,6 +161,20 @@ def test_the_research_script_times_both_paths(tmp_path, tiny_chat_folder):
   assert rows_cpu.SWITCH not in os.environ  # the script leaves the switch as it found it
   with pytest.raises(SystemExit):
     rows_kernel.main(["--tokens", "2", "4", "--out", str(tmp_path)])
+
+
+def test_the_research_script_with_bf16_weights_times_the_vector_path_where_amx(
+    tmp_path, tiny_chat_folder):
+  from speculax.research import rows_kernel
+  rows_kernel.main(["--model", str(tiny_chat_folder), "--tokens", "1", "2", "--batch8", "1", "4",
+                    "--dtype", "bfloat16", "--rounds", "1", "--repeats", "1",
+                    "--out", str(tmp_path)])
+  result = json.loads((tmp_path / "rows_kernel_bfloat16.json").read_text())
+  assert result["dtype"] == "bfloat16" and result["amx"] == rows_cpu.amx()
+  rows = result["rows"]
+  assert [(r["batch"], r["t"]) for r in rows] == [(1, 1), (1, 2), (8, 1), (8, 4)]
+  assert all(("vector_ms" in r) == rows_cpu.amx() for r in rows)
+  assert rows_cpu.AMX_SWITCH not in os.environ
 
 
 def test_gradients_through_the_kernel_equal_the_references():

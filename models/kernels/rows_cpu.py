@@ -16,9 +16,15 @@ source, the compiler, jaxlib and the CPU's flags. `SPECULAX_ROWS_KERNEL=0` turns
 (models/tables.py then asks XLA, as before it); where it cannot be built (no compiler) a warning
 says so once and XLA is asked.
 
+A bfloat16 table on a CPU with AMX (Intel's tile units, Sapphire Rapids on) goes to them
+(`amx()` says whether it does here; `SPECULAX_ROWS_AMX=0`, read at trace time, keeps the vector
+path): each feature split into two bfloat16 parts (16 of its 24 mantissa bits), exact products,
+float32 sums, relative error ~3e-6 (the vector path's ~3e-7). From ~8 rows the vector path's
+multiply-adds bound it on 2 cores; AMX's do not (rows_cpu.cc has the numbers).
+
 A row's result does not depend on the other rows in the call (each output is the same sequence
-of operations whatever m is), so a one-token step and a verify forward give bit-identical dense
-outputs for the same features. `rows_dot_reference` is the product in jnp.
+of operations whatever m is, on either path), so a one-token step and a verify forward give
+bit-identical dense outputs for the same features. `rows_dot_reference` is the product in jnp.
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ import jaxlib
 SOURCE = Path(__file__).with_name("rows_cpu.cc")
 TARGET = "speculax_rows_dot"
 SWITCH = "SPECULAX_ROWS_KERNEL"  # "0": off
+AMX_SWITCH = "SPECULAX_ROWS_AMX"  # "0": bfloat16 tables take the vector path even with AMX
 CACHE = "SPECULAX_CACHE"
 MAX_ROWS = 32  # feature rows up to which models/tables.py asks the kernel: at 64 XLA's sliced
 # dot ran ~15% faster (SmolLM2's 211 dense tables, ms at 16 / 32 / 64 rows: kernel 36 / 56 / 93,
@@ -86,9 +93,9 @@ def _build(path: Path) -> None:
 
 
 @functools.cache
-def _registered() -> bool:
-  """Builds (once per machine) and registers the kernel; False, with a warning, where it
-  cannot be built."""
+def _library() -> ctypes.CDLL | None:
+  """The kernel's library, built once per machine and registered; None, with a warning, where
+  it cannot be built."""
   path = _library_path()
   try:
     if not path.exists():
@@ -96,10 +103,20 @@ def _registered() -> bool:
     library = ctypes.CDLL(str(path))
   except (OSError, RuntimeError) as e:
     warnings.warn(f"the CPU rows kernel is not available, XLA's dot is used instead: {e}",
-                  stacklevel=3)
-    return False
+                  stacklevel=4)
+    return None
   jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.SpeculaxRowsDot), platform="cpu")
-  return True
+  return library
+
+
+def _registered() -> bool:
+  return _library() is not None
+
+
+def amx() -> bool:
+  """Whether bfloat16 tables (d a multiple of 32, v of 16) go to the CPU's AMX tile units here:
+  the kernel was compiled for a CPU that has them and Linux granted this process their state."""
+  return _registered() and bool(_library().SpeculaxRowsAmx())
 
 
 def enabled() -> bool:
@@ -109,9 +126,16 @@ def enabled() -> bool:
           and _registered())
 
 
-def rows_dot(x: jax.Array, table: jax.Array) -> jax.Array:
+def amx_wanted() -> bool:
+  """SPECULAX_ROWS_AMX, read when called (at trace time): False for "0"."""
+  return os.environ.get(AMX_SWITCH, "1") != "0"
+
+
+def rows_dot(x: jax.Array, table: jax.Array, amx: bool | None = None) -> jax.Array:
   """x [m, d] float32 . table [v, d] float32 or bfloat16 over d -> [m, v] float32, by the
-  kernel (CPU only; a bfloat16 table is widened exactly as it is read, sums are float32)."""
+  kernel (CPU only; a bfloat16 table is widened exactly as it is read, sums are float32; with
+  AMX, the features to 16 bits). amx: whether a bfloat16 table may go to AMX where the machine
+  has it (None: amx_wanted())."""
   if x.ndim != 2 or table.ndim != 2 or x.shape[1] != table.shape[1]:
     raise ValueError(f"rows_dot takes x [m, d] and table [v, d]; got {x.shape} and {table.shape}")
   if x.dtype != jnp.float32 or table.dtype not in TABLE_DTYPES:
@@ -119,20 +143,22 @@ def rows_dot(x: jax.Array, table: jax.Array) -> jax.Array:
                      f"and {table.dtype}")
   if not _registered():
     raise RuntimeError("the CPU rows kernel could not be built (see the warning above)")
-  return _rows_dot(x, table)
+  return _rows_dot(x, table, amx_wanted() if amx is None else amx)
 
 
-@jax.custom_vjp
-def _rows_dot(x: jax.Array, table: jax.Array) -> jax.Array:
+def _rows_dot_call(x: jax.Array, table: jax.Array, amx: bool) -> jax.Array:
   out = jax.ShapeDtypeStruct((x.shape[0], table.shape[0]), jnp.float32)
-  return jax.ffi.ffi_call(TARGET, out, vmap_method="sequential")(x, table)
+  return jax.ffi.ffi_call(TARGET, out, vmap_method="sequential")(x, table, amx=amx)
 
 
-def _rows_dot_forward(x, table):
-  return _rows_dot(x, table), (x, table)
+_rows_dot = jax.custom_vjp(_rows_dot_call, nondiff_argnums=(2,))
 
 
-def _rows_dot_backward(saved, g):  # g [m, v]; XLA's products (training is not the few-row case)
+def _rows_dot_forward(x, table, amx):
+  return _rows_dot(x, table, amx), (x, table)
+
+
+def _rows_dot_backward(amx, saved, g):  # g [m, v]; XLA's products (training is not few-row)
   x, table = saved
   return (jnp.einsum("mv,vd->md", g, table.astype(jnp.float32)),
           jnp.einsum("mv,md->vd", g, x).astype(table.dtype))
