@@ -24,7 +24,7 @@ before drafting it (`Drafter.signal`: prompt lookup's match length; one bin for 
 without a free one): a step's expected tokens sum each row's from its bin's estimate, so a
 batch whose rows found nothing to copy takes a plain step and one whose rows found long matches
 drafts long, where one pooled estimate would draft the same k for both. Each bin's estimate
-leans on the pooled one (its prior) until its own counts outweigh it. A signal must be free:
+leans on the other bins' pooled one (its prior) until its own counts outweigh it. A signal must be free:
 EAGLE's first-draft confidence costs an output-layer pass on every plain step (measured 32 ->
 42 ms a plain step at batch 1 on a 2-core CPU) and changed nothing it chose, so EAGLE has
 none. `Goodput.answer_bins` splits every bin by how far into its answer a row is (tokens
@@ -213,18 +213,21 @@ def acceptance(goodput: Goodput, state: GoodputState) -> jax.Array:
   first's: prior_acceptance), so a deep position that short steps rarely reach reads like the
   shallower ones, not like the optimistic prior: otherwise every long draft looks nearly free
   of rejections and the loop keeps drafting long with a drafter whose first draft is kept a
-  third of the time. A bin's prior at each position is the pooled estimate there (one bin: the
-  pooled estimate itself).
+  third of the time. A bin's prior at each position is that estimate from the other bins'
+  counts: a prior holding the bin's own counts would count each of them twice (one rejected
+  first draft read 0.25 in its bin, 0.5 pooled). A bin never seen reads the pooled estimate.
   """
-  kept, reached = state.kept.sum(0), state.reached.sum(0)  # [K]
-  alphas, before = [], goodput.prior_acceptance
-  for i in range(kept.shape[0]):
-    before = (kept[i] + goodput.prior * before) / (reached[i] + goodput.prior)
-    alphas.append(before)
-  pooled = jnp.stack(alphas)  # [K]
+  def chain(kept, reached):  # [..., K] counts -> [..., K] estimates, each the next's prior
+    alphas, before = [], jnp.full(kept.shape[:-1], goodput.prior_acceptance, jnp.float32)
+    for i in range(kept.shape[-1]):
+      before = (kept[..., i] + goodput.prior * before) / (reached[..., i] + goodput.prior)
+      alphas.append(before)
+    return jnp.stack(alphas, -1)
+
   if state.kept.shape[0] == 1:
-    return pooled[None]
-  return (state.kept + goodput.prior * pooled) / (state.reached + goodput.prior)
+    return chain(state.kept, state.reached)
+  others = chain(state.kept.sum(0) - state.kept, state.reached.sum(0) - state.reached)  # [c, K]
+  return (state.kept + goodput.prior * others) / (state.reached + goodput.prior)
 
 
 def probe_due(state: GoodputState) -> jax.Array:

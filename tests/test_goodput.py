@@ -214,6 +214,18 @@ def test_a_longer_draft_must_beat_every_shorter_one_by_the_margin():
   assert int(goodput.choose(Goodput(margin=0.0), s)) == 2
 
 
+def test_a_bins_prior_is_the_other_bins_estimate():
+  """A bin's prior holds the other bins' counts, not its own again: one rejected first draft in
+  bin 0 reads (0 + 1) / (1 + 1) = 0.5 there, as one pooled estimate would (counted twice it read
+  0.25, under the margin of a step that pays at 0.5); with counts in both bins each leans on the
+  other's: bin 0 kept 10 of 20, bin 1 18 of 20 -> (10 + 19/21) / 21 and (18 + 11/21) / 21."""
+  g = Goodput()
+  once = goodput.acceptance(g, _state([[0.0] * 3, [0.0] * 3], [[1.0, 0, 0], [0.0] * 3]))
+  np.testing.assert_allclose(once[:, 0], [0.5, 0.5], rtol=1e-6)
+  both = goodput.acceptance(g, _state([[10.0, 0, 0], [18.0, 0, 0]], [[20.0, 0, 0], [20.0, 0, 0]]))
+  np.testing.assert_allclose(both[:, 0], [(10 + 19 / 21) / 21, (18 + 11 / 21) / 21], rtol=1e-6)
+
+
 def test_choice_weighs_each_row_by_its_bin():
   """Bin 0's first draft is never kept, bin 1's always (50 row-steps each): rows all in bin 0
   take a plain step, rows all in bin 1 draft 3, where one pooled estimate (a_1 = 0.5, then 1)
