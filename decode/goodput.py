@@ -24,9 +24,9 @@ before drafting it (`Drafter.signal`: prompt lookup's match length; one bin for 
 without a free one): a step's expected tokens sum each row's from its bin's estimate, so a
 batch whose rows found nothing to copy takes a plain step and one whose rows found long matches
 drafts long, where one pooled estimate would draft the same k for both. Each bin's estimate
-leans on the other bins' pooled one (its prior) until its own counts outweigh it. A signal must be free:
-EAGLE's first-draft confidence costs an output-layer pass on every plain step (measured 32 ->
-42 ms a plain step at batch 1 on a 2-core CPU) and changed nothing it chose, so EAGLE has
+leans on the other bins' pooled one (its prior) until its own counts outweigh it. A signal must
+be free: EAGLE's first-draft confidence costs an output-layer pass on every plain step (measured
+32 -> 42 ms a plain step at batch 1 on a 2-core CPU) and changed nothing it chose, so EAGLE has
 none. `Goodput.answer_bins` splits every bin by how far into its answer a row is (tokens
 emitted by this call): a signal the loop has for free, for drafters whose drafts are kept more
 at some stretch of an answer than at another, and for estimates carried from call to call.
