@@ -283,19 +283,19 @@ struct Shared {
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 
+  void Chunk(int64_t n0, int64_t n1) {  // table rows [n0, n1)
+#ifdef SPECULAX_AMX
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      if (amx) return AmxRows(amx, table, out, m, d, v, n0, n1);
+    }
+#endif
+    Rows(x, table, out, m, d, v, n0, n1);
+  }
+
   void Work() {
     for (int64_t c; (c = next.fetch_add(1)) < chunks;) {
       const int64_t n0 = c * chunk_rows, n1 = std::min(v, n0 + chunk_rows);
-#ifdef SPECULAX_AMX
-      if constexpr (std::is_same_v<T, uint16_t>) {
-        if (amx) AmxRows(amx, table, out, m, d, v, n0, n1);
-        else Rows(x, table, out, m, d, v, n0, n1);
-      } else {
-        Rows(x, table, out, m, d, v, n0, n1);
-      }
-#else
-      Rows(x, table, out, m, d, v, n0, n1);
-#endif
+      Chunk(n0, n1);
       done.fetch_add(1, std::memory_order_release);
     }
   }
@@ -340,7 +340,7 @@ void Run(ffi::ThreadPool& pool, const float* x, const T* table, float* out, int6
 }
 
 // x [m, d] float32, table [v, d] float32 or bfloat16 -> out [m, v] float32; amx: whether a
-// bfloat16 table may go to AMX (where UsesAmx).
+// bfloat16 table may go to AMX (where UsesAmx; a float32 table never does).
 ffi::Error RowsDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer table,
                    ffi::ResultBuffer<ffi::F32> out, bool amx) {
   const auto xd = x.dimensions(), td = table.dimensions();
@@ -349,7 +349,7 @@ ffi::Error RowsDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer
   const int64_t m = xd[0], d = xd[1], v = td[0];
   switch (table.element_type()) {
     case ffi::F32:
-      Run(pool, x.typed_data(), table.typed_data<float>(), out->typed_data(), m, d, v, false);
+      Run(pool, x.typed_data(), table.typed_data<float>(), out->typed_data(), m, d, v, amx);
       break;
     case ffi::BF16:
       Run(pool, x.typed_data(), table.reinterpret_data<uint16_t>(), out->typed_data(), m, d, v,

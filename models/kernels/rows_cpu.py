@@ -116,7 +116,8 @@ def _registered() -> bool:
 def amx() -> bool:
   """Whether bfloat16 tables (d a multiple of 32, v of 16) go to the CPU's AMX tile units here:
   the kernel was compiled for a CPU that has them and Linux granted this process their state."""
-  return _registered() and bool(_library().SpeculaxRowsAmx())
+  library = _library()
+  return library is not None and bool(library.SpeculaxRowsAmx())
 
 
 def enabled() -> bool:
