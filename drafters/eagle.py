@@ -51,6 +51,7 @@ from speculax.drafters.feature_layer import (defer, init_layer, last_fed, layer_
 from speculax.drafters.tree_draft import grow_tree
 from speculax.models import llama
 from speculax.models.kvcache import KVCache
+from speculax.models.tables import as_table, dense
 
 
 @flax.struct.dataclass
@@ -104,6 +105,15 @@ class Eagle(Drafter):
       if not -(target.n_layers + 1) <= i <= target.n_layers:
         raise ValueError(f"feature layer {i} out of range for {target.n_layers} layers")
     super().check(target, params, k)
+
+  def prepare(self, params, target_params, target):
+    """VocabTrim's rows (Drafter.prepare), then every dense weight as a table of output rows
+    (models/tables.py): a draft step multiplies a few rows with each, the product the tables (and
+    the CPU rows kernel) run fastest."""
+    params = super().prepare(params, target_params, target)
+    return {**params, **{key: llama.layer_tables(params[key]) for key in params
+                         if key.startswith("layer")},
+            **{key: as_table(params[key], 1) for key in ("fc", "fuse") if key in params}}
 
   def init_params(self, config, key=None) -> dict:
     """A residual identity to start from, as zero Medusa heads: fc passes g through (the
@@ -323,7 +333,7 @@ def _feed(params, state: EagleState, view: TargetView, f: jax.Array) -> EagleSta
 def _entries(params, frozen, config, g, tokens):
   """x = W [g; e(token)]: g [b, t, d], tokens [b, t] -> [b, t, d]."""
   e = llama.embed(frozen, config, tokens).astype(jnp.float32)
-  return jnp.concatenate([g, e], -1) @ params["fc"]
+  return dense(jnp.concatenate([g, e], -1), params["fc"], 1)
 
 
 def _step(params, frozen, config, g, tokens, positions, cache: KVCache, new_mask):
@@ -349,7 +359,7 @@ def _fuse(params, f):
   """Target features [l, ..., d] -> g [..., d]: the one feature, or the learned fusion."""
   if f.shape[0] == 1:
     return f[0].astype(jnp.float32)
-  return jnp.concatenate(list(f), -1).astype(jnp.float32) @ params["fuse"]
+  return dense(jnp.concatenate(list(f), -1).astype(jnp.float32), params["fuse"], 1)
 
 
 def _accept_logit(params, a, logits):

@@ -243,12 +243,14 @@ def unstack_layers(params: Params) -> Params:
   """
   layers = params["layers"]
   n = jax.tree.leaves(layers)[0].shape[0]
+  return {**params, "layers": tuple(layer_tables({name: w[i] for name, w in layers.items()})
+                                    for i in range(n))}
 
-  def layer(i):
-    return {name: (as_table(w[i], DENSE_IN_AXES[name]) if name in DENSE_IN_AXES else w[i])
-            for name, w in layers.items()}
 
-  return {**params, "layers": tuple(layer(i) for i in range(n))}
+def layer_tables(layer: dict) -> dict:
+  """One decoder layer's params with each dense weight as a Table (decoding's form)."""
+  return {name: (as_table(w, DENSE_IN_AXES[name]) if name in DENSE_IN_AXES else w)
+          for name, w in layer.items()}
 
 
 def decoder_layers(config: LlamaConfig, layers, x, cache: KVCache | None, ctx, collect: bool,

@@ -64,7 +64,7 @@ def trained_rows(label: str, drafters=DRAFTERS, ks: tuple[int, ...] | None = Non
 
 def lookup_rows(label: str, drafters=DRAFTERS) -> list:
   """The head drafter TRAINED[label] drafting where prompt lookup finds no match of at least 2
-  (or 1, or 3) tokens, at k = 2-4 and goodput-driven k <= 4 (per match length: copies draft
+  (or 1, or 3) tokens, at k = 1-4 and goodput-driven k <= 4 (per match length: copies draft
   long, the head drafter short), beside prompt lookup's own goodput-driven length."""
   kind, folder, _ = TRAINED[label]
   path = pathlib.Path(drafters) / folder
@@ -72,7 +72,7 @@ def lookup_rows(label: str, drafters=DRAFTERS) -> list:
     return []
   heads = {"heads": str(path)}
   return [method("prompt lookup goodput k<=4", "prompt-lookup", k=4, goodput=True),
-          *(method(f"{label} + lookup k={k}", kind, k=k, lookup=2, **heads) for k in (2, 3, 4)),
+          *(method(f"{label} + lookup k={k}", kind, k=k, lookup=2, **heads) for k in (1, 2, 3, 4)),
           method(f"{label} + lookup goodput k<=4", kind, k=4, lookup=2, goodput=True, **heads),
           method(f"{label} + lookup(1) goodput k<=4", kind, k=4, lookup=1, goodput=True,
                  **heads),
