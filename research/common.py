@@ -59,13 +59,12 @@ def loop_drafter(args, model) -> registry.LoadedDrafter:
 
 
 def drafter_label(args) -> str:
-  """loop_drafter's drafter as a run's JSON names it: the --heads run folder, or the kind and
-  the options given ("draft-model draft_layers=1")."""
-  if args.heads:
-    return args.heads
+  """loop_drafter's drafter as a run's JSON names it: the --heads run folder or the kind, then
+  the other options given ("draft-model draft_layers=1", "runs/eagle lookup=2")."""
   options, fields = drafter_options(args)
-  given = [f"{n}={v}" for n, v in {**options, **fields}.items() if v is not None]
-  return " ".join([_drafter_kind(args), *given])
+  given = [f"{n}={v}" for n, v in {**options, **fields}.items()
+           if v is not None and n != "heads"]
+  return " ".join([args.heads or _drafter_kind(args), *given])
 
 
 def parse_loop_runs(ap, argv):

@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
   args.out.mkdir(parents=True, exist_ok=True)
   name = (f"goodput_serving_{args.suite}"
           + ("" if isinstance(drafter, PromptLookup) else f"_{drafter.name}")
+          + (f"_lookup{args.lookup}" if args.lookup else "")
           + f"_b{args.batch}" + ("" if args.new_tokens == ap.get_default("new_tokens")
                                             else f"_n{args.new_tokens}")
           + ("" if args.margin == Goodput().margin else f"_m{args.margin:g}")

@@ -93,6 +93,8 @@ def test_loop_scripts_build_any_drafter_from_generate_flags(tiny, tmp_path, caps
   drafter, dparams = loop_drafter(args, model)
   assert isinstance(drafter, Medusa) and dparams is not None
   assert drafter_label(args) == str(tmp_path)
+  args = ap.parse_args(["--heads", str(tmp_path), "--lookup", "2"])
+  assert drafter_label(args) == f"{tmp_path} lookup=2"
   args = ap.parse_args([])
   assert isinstance(loop_drafter(args, model).drafter, PromptLookup) and args.k == 4
   assert drafter_label(args) == "prompt-lookup"
