@@ -17,6 +17,7 @@ from speculax.drafters.eagle import Eagle
 from speculax.models import llama
 from speculax.models.config import get_preset
 from speculax.models.sharding import MeshConfig
+from speculax.models.tables import Table
 
 from tiny_prompts import NEW, PROMPTS
 
@@ -94,6 +95,22 @@ def test_eagle_cache_matches_a_recomputation(tiny, mode):
   fresh = drafter.init(dparams, view, cfg, 64)
   np.testing.assert_allclose(out.drafter_state.feature, fresh.feature, rtol=2e-4, atol=2e-4)
   assert int(out.drafter_state.cache.lengths[0]) == len(seq) - 1
+
+
+def test_decoding_drafts_through_tables(tiny):
+  """prepare stores the draft layers', fc's and fuse's dense weights as tables of output rows
+  (the form the CPU rows kernel multiplies), and they give the entries the arrays (training's
+  form) give."""
+  cfg, params = tiny
+  drafter = Eagle.eagle3(cfg.n_layers)
+  dparams = _params(cfg, params, drafter)
+  prepared = drafter.prepare(dparams, params, cfg)
+  assert all(isinstance(prepared["layer"][name], Table) for name in llama.DENSE_IN_AXES)
+  assert isinstance(prepared["fc"], Table) and isinstance(prepared["fuse"], Table)
+  f = jax.random.normal(jax.random.key(5), (len(drafter.feature_layers), 1, 3, cfg.d_model))
+  tokens = jnp.asarray([[1, 2, 3]])
+  entries = [eagle._entries(p, params, cfg, eagle._fuse(p, f), tokens) for p in (prepared, dparams)]
+  np.testing.assert_allclose(*entries, rtol=1e-5, atol=1e-5)
 
 
 @functools.partial(jax.jit, static_argnames=("drafter", "cfg"))
