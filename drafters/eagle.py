@@ -111,8 +111,8 @@ class Eagle(Drafter):
     (models/tables.py): a draft step multiplies a few rows with each, the product the tables (and
     the CPU rows kernel) run fastest."""
     params = super().prepare(params, target_params, target)
-    return {**params, **{key: llama.layer_tables(params[key]) for key in params
-                         if key.startswith("layer")},
+    layers = {_layer_key(i): llama.layer_tables(p) for i, p in enumerate(_layers(params))}
+    return {**params, **layers,
             **{key: as_table(params[key], 1) for key in ("fc", "fuse") if key in params}}
 
   def init_params(self, config, key=None) -> dict:
