@@ -13,11 +13,12 @@ static config: one compiled loop serves any costs, so calibration times the serv
 a measured cost vector is reused across calls. A cost of +inf takes that length out of the choice
 (calibration forces one length at a time this way). The choice is an argmax over K + 1 numbers
 inside the jitted loop, and the loop runs the chosen step's own program (a chain of loops, one per
-length), so a short draft pays only its own drafting and verify forward. Each step makes the next
-step's choice at its end (`GoodputState.choice`), so the loop's conditions only read it: a while
-loop's condition is launched from the host on every iteration on a GPU, where computing the choice
-there took ~10 small kernels outside the step's CUDA graph (the fixed loop's condition: 2), 0.4 ms
-of a 2.2 ms step under the profiler (H200, SmolLM2 at batch 8).
+length, or a switch among them: `Goodput.loop`), so a short draft pays only its own drafting and
+verify forward. Each step makes the next step's choice at its end (`GoodputState.choice`), so the
+loop's conditions only read it: a while loop's condition is launched from the host on every
+iteration on a GPU, where computing the choice there took ~10 small kernels outside the step's CUDA
+graph (the fixed loop's condition: 2), 0.4 ms of a 2.2 ms step under the profiler (H200, SmolLM2 at
+batch 8).
 
 The estimate is kept per bin of the drafter's own signal, what it knows of its next draft
 before drafting it (`Drafter.signal`: prompt lookup's match length; one bin for a drafter
@@ -53,6 +54,7 @@ Dims: b batch, K the most drafts a step may take, c signal bins.
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import flax.struct
 import jax
@@ -102,6 +104,13 @@ class Goodput(Checked):
   # tokens ahead of the row furthest behind, which has t tokens left (`weights`). None: every
   # running row alike.
   lead: float | None = field(0.5, ge=0)
+  # How the loop runs a step of the chosen length. "chain": one while loop per length in turn
+  # inside the outer loop, which updates the KV cache in place (XLA:CPU copies every buffer a
+  # conditional updates); but each pass of the outer loop evaluates every length's condition, and
+  # a GPU evaluates each from the host, so a step that changes length pays K + 2 of them.
+  # "switch": one while loop, a switch among the lengths' steps each step (one condition and one
+  # branch index from the host a step on a GPU, where copying a cache is cheap).
+  loop: Literal["chain", "switch"] = "chain"
 
   def __post_init__(self):
     super().__post_init__()

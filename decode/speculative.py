@@ -159,6 +159,19 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
   lag = lambda s: jnp.where(s.done, 0, drafter.lag(s.drafter, view(s)))  # [b]
   catch_up = lambda s: s.replace(drafter=drafter.catch_up(dparams, s.drafter, view(s)))
 
+  if spec.goodput.loop == "switch":
+    steps = [functools.partial(step, k) for k in range(spec.k + 1)]
+    steps += [catch_up] if drafter.max_lag else []
+
+    def branch(s):  # the choice's step, or (branch K + 1) catching up, as the chain does it:
+      # before a draft, or once max_lag plain steps wait
+      if not drafter.max_lag:
+        return choice(s)
+      behind = lag(s)
+      due = jnp.any(behind > 0) & ((choice(s) > 0) | jnp.any(behind >= drafter.max_lag))
+      return jnp.where(due, spec.k + 1, choice(s))
+    return jax.lax.while_loop(running, lambda s: jax.lax.switch(branch(s), steps, s), state)
+
   def segments(s):  # for k = 0..K in turn, steps of k drafts while k is the choice
     for k in range(spec.k + 1):
       same = lambda s, k=k: running(s) & (choice(s) == k)
@@ -170,12 +183,13 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
         s = jax.lax.while_loop(lambda s: jnp.any(lag(s) > 0), catch_up, s)
     return s
 
-  # A chain of loops, not a switch among them: XLA copies every buffer a conditional updates in
-  # place (the whole KV cache, at both ends: with a switch per step a plain step cost 76-81 ms
-  # against AR's 61-68 at batch 8 on a 2-core CPU, and a switch per segment still copied it at
-  # every change of length and every continuous-batching refill); loops in sequence update it
-  # in place. A loop whose k is not the choice runs no step; each pass of the outer loop runs
-  # at least one (the choice's own loop), so it ends.
+  # The chain (Goodput.loop): XLA copies every buffer a conditional updates in place (the whole
+  # KV cache, at both ends: with a switch per step a plain step cost 76-81 ms against AR's 61-68
+  # at batch 8 on a 2-core CPU, and a switch per segment still copied it at every change of
+  # length and every continuous-batching refill); loops in sequence update it in place. A loop
+  # whose k is not the choice runs no step; each pass of the outer loop runs at least one (the
+  # choice's own loop), so it ends. Both forms run the same steps in the same order (the chain
+  # also catches up after plain steps that end a call, which changes no token).
   return jax.lax.while_loop(running, segments, state)
 
 

@@ -501,6 +501,39 @@ def test_eagle_goodput_equals_target_only(tiny, tiny_reference):
   _assert_caught_up(tiny, drafter, dparams, lazy, eager)
 
 
+@pytest.mark.parametrize("make, temperature", [
+    (lambda cfg: PromptLookup(), 0.0), (lambda cfg: Eagle(max_lag=3), 0.0),
+    (lambda cfg: DraftModel(cfg, max_lag=3), 0.0), (lambda cfg: DraftModel(cfg), 1.0)],
+    ids=["prompt-lookup", "eagle", "draft-model", "draft-model-t1"])
+def test_a_switch_per_step_runs_the_chains_steps(tiny, tiny_reference, make, temperature):
+  """Goodput.loop="switch" (one loop, a switch among the lengths' steps and, for a drafter with
+  max_lag, catching up as a branch of its own) runs the steps the chain of per-length loops runs:
+  the same tokens (greedy: the target's own; sampled: the same draws), the same lengths chosen
+  and drafts kept, with changes of length and plain steps between drafts."""
+  cfg, params = tiny
+  drafter = make(cfg)
+  dparams = {Eagle: lambda: eagle_params(cfg, params, drafter),
+             DraftModel: lambda: llama.init_params(cfg, jax.random.key(7))}.get(
+                 type(drafter), lambda: None)()
+  prompts = PROMPTS[:4]
+  sampling = SamplingConfig(temperature=temperature)
+
+  def loop(form):
+    spec = SpecConfig(k=len(COSTS) - 1, max_new_tokens=NEW, sampling=sampling,
+                      goodput=Goodput(decay=0.6, probe_every=2, loop=form))
+    program = speculative.spec_program(params, cfg, drafter, spec, dparams, step_costs=COSTS)
+    return engine.run(params, cfg, prompts, spec, program, jax.random.key(3), None, False)
+
+  (chain, out), (switch, _) = loop("chain"), loop("switch")
+  if temperature == 0:
+    assert out.tokens == [list(t) for t in tiny_reference[:4]]
+  np.testing.assert_array_equal(switch.history, chain.history)
+  np.testing.assert_array_equal(switch.goodput.steps, chain.goodput.steps)
+  np.testing.assert_array_equal(switch.accepted_at, chain.accepted_at)
+  steps = np.asarray(chain.goodput.steps)
+  assert steps[0] > 0 and (steps[1:] > 0).sum() >= 2, steps
+
+
 def test_mixed_lengths_with_a_draft_model_equal_target_only(tiny, tiny_reference):
   """A draft model of other weights: rarely kept, so steps of every length run, plain ones
   included (where the draft cache catches up); output is the target's own."""

@@ -169,17 +169,23 @@ def test_speculative_loop_with_kernel_lowers(chip, backend, drafter):
   assert re.findall(r"call @(\w+)\(", text).count("_tree_attention") == cfg.n_layers
 
 
+@pytest.mark.parametrize("loop", ["chain", "switch"])
 @pytest.mark.parametrize("chip, backend", [("tpu-v5e", "mosaic-tpu"), ("h100", "mosaic-gpu")])
-def test_goodput_loop_with_kernel_lowers(chip, backend):
-  """The goodput loop (a chain of while loops, one per draft length 0..k, the choice made
-  inside the step from step costs and the estimate held as data) lowers for the chip with the
-  kernel in every length's verify forward: k + 1 forwards of n_layers attention calls each."""
+def test_goodput_loop_with_kernel_lowers(chip, backend, loop):
+  """The goodput loop (a chain of while loops, one per draft length 0..k, or one loop with a
+  switch among the lengths' steps; the choice made inside the step from step costs and the
+  estimate held as data) lowers for the chip with the kernel in every length's verify forward:
+  k + 1 forwards of n_layers attention calls each."""
   cfg = get_preset("tiny").with_runtime(attention_impl="pallas")
-  spec = SpecConfig(max_new_tokens=8, k=3, goodput=Goodput())
+  spec = SpecConfig(max_new_tokens=8, k=3, goodput=Goodput(loop=loop))
   with use_abstract_mesh(AbstractMesh((1,), ("data",), abstract_device=CHIPS[chip])):
     args = spec_loop_args(cfg, PromptLookup(), spec)
     text = spec_loop.trace(*args).lower(lowering_platforms=(CHIPS[chip].platform,)).as_text()
-  assert text.count("stablehlo.while") >= spec.k + 2  # the outer loop and one per length
+  if loop == "chain":
+    assert text.count("stablehlo.while") >= spec.k + 2  # the outer loop and one per length
+  else:  # one loop, its body a switch among the k + 1 lengths' steps
+    cases = re.findall(r"stablehlo.case.*", text)
+    assert text.count("stablehlo.while") == 1 and cases, (text.count("stablehlo.while"), cases)
   assert_kernel(text, backend, count=spec.k + 1)  # a kernel per block width, 1..k + 1 tokens
   # each block width's kernel wrapper, numbered apart by the lowering (_tree_attention_N)
   calls = re.findall(r"call @(_tree_attention(?:_\d+)?)\(", text)

@@ -10,6 +10,7 @@ import pathlib
 
 from speculax.bench.config import BenchConfig, method
 from speculax.core.trees import DynamicTree, StaticTree
+from speculax.decode.goodput import Goodput
 
 DRAFTERS = pathlib.Path("results/drafters")
 VOCAB_ORDER = DRAFTERS / "smollm2-135m-vocab-order.npy"  # the recipe corpus's token frequencies
@@ -65,7 +66,8 @@ def trained_rows(label: str, drafters=DRAFTERS, ks: tuple[int, ...] | None = Non
 def lookup_rows(label: str, drafters=DRAFTERS) -> list:
   """The head drafter TRAINED[label] drafting where prompt lookup finds no match of at least 2
   (or 1, or 3) tokens, at k = 1-4 and goodput-driven k <= 4 (per match length: copies draft
-  long, the head drafter short), beside prompt lookup's own goodput-driven length."""
+  long, the head drafter short; its loop a chain of per-length loops, or a switch per step),
+  beside prompt lookup's own goodput-driven length."""
   kind, folder, _ = TRAINED[label]
   path = pathlib.Path(drafters) / folder
   if not path.is_dir():
@@ -74,6 +76,10 @@ def lookup_rows(label: str, drafters=DRAFTERS) -> list:
   return [method("prompt lookup goodput k<=4", "prompt-lookup", k=4, goodput=True),
           *(method(f"{label} + lookup k={k}", kind, k=k, lookup=2, **heads) for k in (1, 2, 3, 4)),
           method(f"{label} + lookup goodput k<=4", kind, k=4, lookup=2, goodput=True, **heads),
+          method(f"{label} + lookup goodput k<=4 switch", kind, k=4, lookup=2,
+                 goodput=Goodput(loop="switch"), **heads),
+          method(f"{label} + lookup goodput k<=4 switch, margin 0.03", kind, k=4, lookup=2,
+                 goodput=Goodput(loop="switch", margin=0.03), **heads),
           method(f"{label} + lookup(1) goodput k<=4", kind, k=4, lookup=1, goodput=True,
                  **heads),
           method(f"{label} + lookup(3) k=3", kind, k=3, lookup=3, **heads),
