@@ -59,6 +59,7 @@ def test_smoke_runs_every_section(tmp_path):
 
   rows = sec["drafters"]
   assert {r["method"] for r in rows} >= {"autoregressive", "prompt lookup"}
+  assert not list(tmp_path.glob("suite_drafters*"))  # done: the suite's JSON holds the rows
   assert all(r["same_as_ar"] == r["sequences"] for r in rows)  # greedy: lossless
   text = accelerator_suite.markdown(results)
   assert "x floor" in text and "XLA / kernel" in text and "tokens/s" in text
@@ -96,11 +97,31 @@ def test_a_section_stopped_midway_keeps_its_rows(tmp_path, monkeypatch):
   assert json.loads(path.read_text())["sections"]["attention"] == [row]
 
 
+def test_a_drafters_section_stopped_midway_keeps_its_rows(tmp_path, monkeypatch):
+  """The drafters section returns its rows when it ends; the bench beside it writes each row as
+  it comes (s_drafters.json next to s.json, removed when the section ends), so a run stopped by a
+  time limit keeps them."""
+  decode, calls = accelerator_suite.bench_run.run_prompts, []
+
+  def stops(*args, **kw):  # the first decode runs, the second finds the device time spent
+    calls.append(1)
+    if len(calls) > 1:
+      raise RuntimeError("out of device time")
+    return decode(*args, **kw)
+  monkeypatch.setattr(accelerator_suite.bench_run, "run_prompts", stops)
+  results = accelerator_suite.main(["--smoke", "--sections", "drafters", "--results",
+                                    str(tmp_path / "s.json"),
+                                    "--drafters-dir", str(tmp_path / "no-drafters")])
+  assert "out of device time" in results["errors"]["drafters"]
+  rows = json.loads((tmp_path / "s_drafters.json").read_text())["rows"]
+  assert [r["method"] for r in rows] == ["autoregressive"] and rows[0]["tokens_per_s"] > 0
+
+
 def test_the_drafters_section_decodes_with_the_attention_it_is_given(tmp_path, monkeypatch):
   """`--drafter-set attention=pallas` runs the target's decoding through the tree-attention
   kernel (the bench applies its attention only to models it loads itself)."""
   seen = []
-  monkeypatch.setattr(accelerator_suite.bench_run, "run", lambda cfg, name, model: seen.append(
+  monkeypatch.setattr(accelerator_suite.bench_run, "run", lambda cfg, name, model, out: seen.append(
       (cfg.attention, model.config.runtime.attention_impl)) or {"rows": []})
   for extra in ([], ["--drafter-set", "attention=pallas-interpret"]):
     accelerator_suite.main(["--smoke", "--sections", "drafters", "--results",
