@@ -12,8 +12,9 @@ carried from request to request in the one loop state.
 
   .venv/bin/python -m speculax.research.goodput_serving [--suite humaneval] [--prompts 32]
       [--batch 8] [--repeats 2] [-k 4] [--heads results/drafters/eagle-ttt-smollm2]
-      [--margin 0.1] [--answer-bins 16,64] [--continuous] [--drafter KIND ...] (any drafter, as
-      `speculax generate` takes it; default prompt lookup, or the kind a --heads folder holds)
+      [--margin 0.1] [--loop switch] [--answer-bins 16,64] [--continuous] [--drafter KIND ...]
+      (any drafter, as `speculax generate` takes it; default prompt lookup, or the kind a --heads
+      folder holds)
 """
 from __future__ import annotations
 
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> None:
                   help="serve with continuous batching (a finished row refilled with the next)")
   ap.add_argument("--margin", type=float, default=Goodput().margin,
                   help="Goodput.margin of every goodput run")
+  ap.add_argument("--loop", default=Goodput().loop, choices=("chain", "switch"),
+                  help="Goodput.loop of every goodput run: a chain of per-length loops, or one "
+                  "loop with a switch per step")
   ap.add_argument("--answer-bins", type=lambda v: ints(v, "--answer-bins"),
                   default=(), help="Goodput.answer_bins of a second pair of goodput runs, "
                   "e.g. 16,64 (tokens into the answer)")
@@ -98,8 +102,8 @@ def main(argv: list[str] | None = None) -> None:
   model = load(args.model)
   stream = suites.encode(model.tokenizer, suites.suite(args.suite, args.prompts))
   drafter, dparams = loop_drafter(args, model)
-  policy = Goodput(margin=args.margin)
-  policies = (policy,) + ((Goodput(margin=args.margin, answer_bins=args.answer_bins),)
+  policy = Goodput(margin=args.margin, loop=args.loop)
+  policies = (policy,) + ((dataclasses.replace(policy, answer_bins=args.answer_bins),)
                           if args.answer_bins else ())
   spec = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=model.tokenizer.eos_ids,
                     goodput=policy)
@@ -116,8 +120,9 @@ def main(argv: list[str] | None = None) -> None:
   ar = median(rate["autoregressive"])
   result = dict(machine=machine(), drafter=drafter_label(args), suite=args.suite,
                 prompts=args.prompts, batch=args.batch, repeats=args.repeats, k=args.k,
-                margin=args.margin, answer_bins=args.answer_bins, continuous=args.continuous,
-                new_tokens=args.new_tokens, step_costs=costs.tolist(), tokens_per_s=rate,
+                margin=args.margin, loop=args.loop, answer_bins=args.answer_bins,
+                continuous=args.continuous, new_tokens=args.new_tokens, step_costs=costs.tolist(),
+                tokens_per_s=rate,
                 median_tokens_per_s={n: median(v) for n, v in rate.items()}, k_steps=k_steps)
   print(table(["method", "tok/s (median)", "rounds", "x AR", "steps drafting 0..k"],
               [[n, median(v), " ".join(f"{x:.1f}" for x in v), median(v) / ar,
@@ -129,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
           + f"_b{args.batch}" + ("" if args.new_tokens == ap.get_default("new_tokens")
                                             else f"_n{args.new_tokens}")
           + ("" if args.margin == Goodput().margin else f"_m{args.margin:g}")
+          + ("" if args.loop == Goodput().loop else f"_{args.loop}")
           + ("_bins" + "-".join(map(str, args.answer_bins)) if args.answer_bins else "")
           + ("_continuous" if args.continuous else ""))
   (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
