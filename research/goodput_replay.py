@@ -8,6 +8,9 @@ decodes the bench config's own method (drafter, options, policy) on the first --
 of the row's suite at its batch; --set FIELD=VALUE replaces policy fields (margin=0, ...);
 --method NAME replays only that method's rows; --new-tokens N decodes N tokens a prompt instead
 of the bench's (longer answers: what the policy does over a long call, as its probes thin out).
+An accelerator suite's result replays its drafters section's goodput rows under the costs
+calibrated on that device, on this machine (the choices are the device's where the greedy tokens
+agree), with --new-tokens as the suite ran them.
 
   .venv/bin/python -m speculax.research.goodput_replay --bench results/bench_goodput_chain.json
       [--config goodput] [--prompts 8] [--set margin=0] [--method NAME] [--new-tokens N]
@@ -70,9 +73,22 @@ def greedy_goodput_rows(bench: dict, methods: list[str] | None = None) -> list[d
   return [r for r in rows if not methods or r["method"] in methods]
 
 
+def as_bench(data: dict, path: pathlib.Path, new_tokens: int | None) -> dict:
+  """A bench result as the replay reads it: a bench's own JSON, or the accelerator suite's (its
+  drafters section's rows, named by the file; the suite records no bench settings, so its
+  tokens per prompt must be given: --new-tokens)."""
+  if "sections" not in data:
+    return data
+  if new_tokens is None:
+    raise ValueError(f"{path} is an accelerator suite result, which does not record its "
+                     f"drafters' tokens per prompt: give --new-tokens")
+  return dict(name=path.stem, rows=data["sections"].get("drafters", []), new_tokens=new_tokens)
+
+
 def main(argv: list[str] | None = None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--bench", type=pathlib.Path, required=True, help="a bench result's JSON")
+  ap.add_argument("--bench", type=pathlib.Path, required=True,
+                  help="a bench result's JSON, or an accelerator suite's (with --new-tokens)")
   ap.add_argument("--config", default="goodput", help="the bench config its methods come from")
   ap.add_argument("--prompts", type=int, default=8, help="prompts of the row's suite replayed")
   ap.add_argument("--set", action="append", default=[], dest="settings", metavar="FIELD=VALUE",
@@ -84,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
   ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results"))
   args = ap.parse_args(argv)
   overrides.apply(Goodput(), args.settings)  # a bad field fails here, before any model loads
-  bench = json.loads(args.bench.read_text())
+  bench = as_bench(json.loads(args.bench.read_text()), args.bench, args.new_tokens)
   rows = greedy_goodput_rows(bench, args.methods)
   new_tokens = bench["new_tokens"] if args.new_tokens is None else args.new_tokens
   if new_tokens < 1:
@@ -92,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
   cfg = load_config(args.config)
   methods = {m.name: m for m in cfg.methods}
   load = loader(cfg)
-  model = load(bench["target"])
+  model = load(bench.get("target", cfg.target))  # a suite's: the config's target
   result = dict(bench=str(args.bench), config=args.config, prompts=args.prompts,
                 new_tokens=new_tokens, settings=args.settings, rows=[])
   for row in rows:

@@ -67,6 +67,20 @@ def test_set_names_the_goodput_fields(tmp_path):
     goodput_replay.main(["--bench", str(bench), "--set", "marg=0"])
 
 
+def test_an_accelerator_suite_result_replays_its_drafters_rows(tmp_path):
+  """The suite's drafters section holds bench rows but no bench settings: its rows are read,
+  named by the file, with --new-tokens given; without it the error says so."""
+  row = {"method": "m", "sampling": "greedy", "step_costs": list(COSTS)}
+  suite = {"sections": {"drafters": [row]}}
+  bench = goodput_replay.as_bench(suite, tmp_path / "gpu_b8.json", 48)
+  assert bench == {"name": "gpu_b8", "rows": [row], "new_tokens": 48}
+  assert goodput_replay.greedy_goodput_rows(bench) == [row]
+  with pytest.raises(ValueError, match="gpu_b8.json is an accelerator suite result.*--new-tokens"):
+    goodput_replay.as_bench(suite, tmp_path / "gpu_b8.json", None)
+  plain = {"name": "b", "rows": [row], "new_tokens": 48}
+  assert goodput_replay.as_bench(plain, tmp_path / "b.json", None) is plain
+
+
 def test_new_tokens_below_one_is_a_usage_error(tmp_path, capsys):
   bench = tmp_path / "b.json"
   bench.write_text('{"name": "b", "new_tokens": 48, "rows": [{"method": "m", "sampling": '

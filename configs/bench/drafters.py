@@ -78,8 +78,6 @@ def lookup_rows(label: str, drafters=DRAFTERS) -> list:
           method(f"{label} + lookup goodput k<=4", kind, k=4, lookup=2, goodput=True, **heads),
           method(f"{label} + lookup goodput k<=4 switch", kind, k=4, lookup=2,
                  goodput=Goodput(loop="switch"), **heads),
-          method(f"{label} + lookup goodput k<=4 switch, margin 0.03", kind, k=4, lookup=2,
-                 goodput=Goodput(loop="switch", margin=0.03), **heads),
           method(f"{label} + lookup(1) goodput k<=4", kind, k=4, lookup=1, goodput=True,
                  **heads),
           method(f"{label} + lookup(3) k=3", kind, k=3, lookup=3, **heads),
