@@ -108,8 +108,9 @@ class Goodput(Checked):
   # inside the outer loop, which updates the KV cache in place (XLA:CPU copies every buffer a
   # conditional updates); but each pass of the outer loop evaluates every length's condition, and
   # a GPU evaluates each from the host, so a step that changes length pays K + 2 of them.
-  # "switch": one while loop, a switch among the lengths' steps each step (one condition and one
-  # branch index from the host a step on a GPU, where copying a cache is cheap).
+  # "switch": one while loop, a switch among the lengths' steps each step (one condition from the
+  # host a step on a GPU, where XLA records the switch into the step's CUDA graph and copying a
+  # cache is cheap). Not yet timed on a GPU.
   loop: Literal["chain", "switch"] = "chain"
 
   def __post_init__(self):
