@@ -158,6 +158,8 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
   view = lambda s: TargetView(params, s.cache, s.history, s.lengths)
   lag = lambda s: jnp.where(s.done, 0, drafter.lag(s.drafter, view(s)))  # [b]
   catch_up = lambda s: s.replace(drafter=drafter.catch_up(dparams, s.drafter, view(s)))
+  behind = lambda s: jnp.any(lag(s) > 0)  # [] plain steps' tokens wait for the drafter
+  full = lambda s: jnp.any(lag(s) >= drafter.max_lag)  # [] a row's backlog has no more room
 
   if spec.goodput.loop == "switch":
     steps = [functools.partial(step, k) for k in range(spec.k + 1)]
@@ -167,20 +169,18 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
       # before a draft, or once max_lag plain steps wait
       if not drafter.max_lag:
         return choice(s)
-      behind = lag(s)
-      due = jnp.any(behind > 0) & ((choice(s) > 0) | jnp.any(behind >= drafter.max_lag))
-      return jnp.where(due, spec.k + 1, choice(s))
+      return jnp.where(behind(s) & ((choice(s) > 0) | full(s)), spec.k + 1, choice(s))
     return jax.lax.while_loop(running, lambda s: jax.lax.switch(branch(s), steps, s), state)
 
   def segments(s):  # for k = 0..K in turn, steps of k drafts while k is the choice
     for k in range(spec.k + 1):
       same = lambda s, k=k: running(s) & (choice(s) == k)
       if k == 0 and drafter.max_lag:  # plain steps while the drafter's backlog has room
-        same = lambda s, plain=same: plain(s) & jnp.all(lag(s) < drafter.max_lag)
+        same = lambda s, plain=same: plain(s) & ~full(s)
       s = jax.lax.while_loop(same, functools.partial(step, k), s)
       if k == 0 and drafter.max_lag:  # a loop run once or never: a cond would copy the
         # drafter's cache (see below); an empty backlog costs no block forward
-        s = jax.lax.while_loop(lambda s: jnp.any(lag(s) > 0), catch_up, s)
+        s = jax.lax.while_loop(behind, catch_up, s)
     return s
 
   # The chain (Goodput.loop): XLA copies every buffer a conditional updates in place (the whole
