@@ -83,6 +83,10 @@ def add_parser(sub) -> None:
                       "refilled with the next prompt (default: all prompts as one batch)")
   p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
                  help="run sharded on a device mesh of this shape, e.g. 4,1,2")
+  p.add_argument("--compare", action="store_true",
+                 help="then decode the same prompts autoregressively (same sampling, seed and "
+                      "batching) and print the drafter's tokens/s over it and, greedy, on how "
+                      "many prompts the output is the same: one run each, compile apart")
   p.add_argument("--json", action="store_true",
                  help="print the texts and metrics as one JSON object on stdout instead")
   p.set_defaults(run=run)
@@ -141,6 +145,9 @@ def run(args) -> int:
                      "drop " + " and ".join(f for f, on in (("--goodput", args.goodput),
                                                             ("--mesh", args.mesh),
                                                             ("--rows", args.rows)) if on))
+  if args.compare and args.drafter == "none":
+    raise ValueError("--compare sets a drafter's run beside autoregressive decoding; give "
+                     "--drafter")
   if args.prompt and args.prompts:
     raise ValueError("give prompts with --prompt or --prompts FILE, not both")
   if args.prompt and any(not p.strip() for p in args.prompt):
@@ -163,10 +170,11 @@ def run(args) -> int:
   drafter, dparams = (None, None) if args.drafter == "none" else build_drafter(
       args.drafter, model, load, options, args.k, fields)
   key = jax.random.key(args.seed)
+  gen = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, eos_ids=tok.eos_ids)
+  autoregressive = lambda: generate(model.params, model.config, prompts, gen, key, mesh=mesh,
+                                    warmup=True, rows=args.rows)
   if drafter is None:
-    gen = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, eos_ids=tok.eos_ids)
-    out = generate(model.params, model.config, prompts, gen, key, mesh=mesh, warmup=True,
-                   rows=args.rows)
+    out = autoregressive()
   else:
     spec = SpecConfig(k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling,
                       eos_ids=tok.eos_ids, goodput=Goodput() if args.goodput else None,
@@ -185,12 +193,26 @@ def run(args) -> int:
                                  drafter_params=dparams, key=key, mesh=mesh, warmup=True,
                                  step_costs=costs, rows=args.rows)
   texts = [tok.decode(ids) for ids in out.tokens]
+  ar = autoregressive() if args.compare else None
+  # Greedy, a lossless drafter's output is AR's token for token; sampled, the same law but
+  # other draws (the drafter's verify consumes randomness AR does not).
+  same = None if ar is None or sampling.temperature > 0 else sum(
+      a == b for a, b in zip(out.tokens, ar.tokens))
   if args.json:
+    compared = {} if ar is None else {"autoregressive": ar.metrics(),
+                                      "x_autoregressive": out.tokens_per_s / ar.tokens_per_s,
+                                      "same_as_autoregressive": same}
     print(json.dumps({"drafter": args.drafter, "prompts": [x["prompt"] for x in items],
-                      "texts": texts, **out.metrics()}))
+                      "texts": texts, **out.metrics(), **compared}))
     return 0
   for i, (item, text) in enumerate(zip(items, texts)):
     print(f"=== prompt {i}: {item['prompt'].strip().splitlines()[0][:70]!r}")
     print(text)
   print(f"--- {args.drafter}: {len(prompts)} prompts, {out.summary()}")
+  if ar is not None:
+    print(f"--- none: {len(prompts)} prompts, {ar.summary()}")
+    print(f"--- {args.drafter} runs x{out.tokens_per_s / ar.tokens_per_s:.2f} the tokens/s of "
+          f"autoregressive decoding (one run each); "
+          + (f"output the same as autoregressive decoding on {same}/{len(prompts)} prompts"
+             if same is not None else "sampled: the target's law, other draws"))
   return 0

@@ -130,7 +130,8 @@ class Stream:
   def __iter__(self) -> Iterator[Finished]:
     t = time.perf_counter()
     watch_all, watch_none = jnp.ones((self.batch,), bool), jnp.zeros((self.batch,), bool)
-    state = self._first_batch(self.gen.max_new_tokens)
+    # Blocked here, so the prefills count in prefill_s, not in the next loop call's decode_s.
+    state = jax.block_until_ready(self._first_batch(self.gen.max_new_tokens))
     holder = list(range(self.batch))  # the prompt each row decodes (None: done, none to refill)
     queue = collections.deque(range(self.batch, self.n))
     while any(h is not None for h in holder):
@@ -151,7 +152,7 @@ class Stream:
         if holder[r] is not None:
           row = self._start(*self._prompt(holder[r]),
                             key=jax.random.fold_in(self.refills, holder[r]))
-          state = put_row(state, row, int(r), self.axes)
+          state = jax.block_until_ready(put_row(state, row, int(r), self.axes))
     self.state, self.seconds = state, self.seconds + time.perf_counter() - t
 
 

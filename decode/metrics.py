@@ -115,7 +115,7 @@ class DecodeOutput:
             + ("" if len(self.tokens) < 2 or self.rows_active is None else
                f"; {self.rows_active:.0%} of the batch's row-steps on unfinished rows")
             + ("" if self.batch is None else
-               f"; continuous batching, {self.batch} rows at a time")
+               f"; continuous batching, {self.batch} row{'s' * (self.batch > 1)} at a time")
             + ("" if self.k_steps is None else
                f"; goodput chose k = 0..{len(self.k_steps) - 1} in "
                f"{'/'.join(str(int(n)) for n in self.k_steps)} steps")

@@ -75,6 +75,7 @@ MALFORMED = [
     (["generate", "--drafter", "eagle", "--max-lag", "-1"], "must be an int >= 0, got -1"),
     (["generate", "--drafter", "multi-draft-model", "--rule", "best"],
      "argument --rule: invalid choice: 'best'"),
+    (["generate", "--compare"], "--compare sets a drafter's run beside autoregressive decoding"),
     (["generate", "--prompt", "hi", "--prompts", "{stream}"], "--prompt or --prompts FILE, not both"),
     (["generate", "--prompts", "no-such-file.jsonl"], "prompt file 'no-such-file.jsonl' does not"),
     # serve-bench
@@ -207,23 +208,31 @@ def test_train_overrides_either_trainers_budget(config):
 
 @pytest.mark.slow
 def test_generate_json_from_a_prompts_file_is_lossless(capsys, tmp_path, tiny_chat_folder):
-  """--prompts FILE, prompt lookup's n-gram flags, --rows and --json: the JSON's tokens are
-  AR's (a tiny random target in a Hugging Face folder: plumbing, not the model)."""
+  """--prompts FILE, prompt lookup's n-gram flags, --rows, --compare and --json: the JSON's
+  tokens are AR's (a tiny random target in a Hugging Face folder: plumbing, not the model)."""
   prompts = tmp_path / "p.jsonl"
   prompts.write_text('{"prompt": "Count from 1 to 5."}\n{"prompt": "def f(x):", "chat": false}\n')
+  base = ["generate", "--model", str(tiny_chat_folder), "--prompts", str(prompts),
+          "--max-new-tokens", "8", "--drafter", "prompt-lookup"]
   outs = []
-  for flags in (["--drafter", "none"], ["--drafter", "prompt-lookup", "--max-ngram", "2"],
-                ["--drafter", "prompt-lookup", "--rows", "1"]):
-    assert main(["generate", "--model", str(tiny_chat_folder), "--prompts", str(prompts),
-                 "--max-new-tokens", "8", "--json", *flags]) == 0
+  for flags in (["--max-ngram", "2", "--compare"], ["--rows", "1"]):
+    assert main([*base, "--json", *flags]) == 0
     captured = capsys.readouterr()
     outs.append(json.loads(captured.out))
     assert "max_ngram=" in captured.err  # the settings line, defaults included
-  ar, lookup, one_row = outs
-  assert ar["prompts"] == ["Count from 1 to 5.", "def f(x):"] and len(ar["texts"]) == 2
+  lookup, one_row = outs
+  ar = lookup["autoregressive"]  # --compare: the same prompts decoded autoregressively
+  assert lookup["prompts"] == ["Count from 1 to 5.", "def f(x):"] and len(lookup["texts"]) == 2
   assert lookup["tokens"] == ar["tokens"] and lookup["tau"] >= 1.0 == ar["tau"]
+  assert lookup["same_as_autoregressive"] == 2
+  assert lookup["x_autoregressive"] == pytest.approx(lookup["tokens_per_s"] / ar["tokens_per_s"])
   assert one_row["tokens"] == ar["tokens"] and one_row["rows_active"] == 1.0  # refilled
   assert len(lookup["acceptance"]) == 5 and lookup["new_tokens"] == 16
+  # Sampled, the outputs are draws of one law, not the same draws: no equality is claimed.
+  assert main([*base, "--compare", "--temperature", "1", "--max-new-tokens", "4"]) == 0
+  out = capsys.readouterr().out
+  assert "--- none: 2 prompts, 8 new tokens" in out
+  assert "the tokens/s of autoregressive decoding (one run each); sampled: the target's law" in out
 
 
 @pytest.fixture
