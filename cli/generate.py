@@ -208,9 +208,10 @@ def run(args) -> int:
   for i, (item, text) in enumerate(zip(items, texts)):
     print(f"=== prompt {i}: {item['prompt'].strip().splitlines()[0][:70]!r}")
     print(text)
-  print(f"--- {args.drafter}: {len(prompts)} prompts, {out.summary()}")
+  n = f"{len(prompts)} prompt{'s' * (len(prompts) > 1)}"
+  print(f"--- {args.drafter}: {n}, {out.summary()}")
   if ar is not None:
-    print(f"--- none: {len(prompts)} prompts, {ar.summary()}")
+    print(f"--- none: {n}, {ar.summary()}")
     print(f"--- {args.drafter} runs x{out.tokens_per_s / ar.tokens_per_s:.2f} the tokens/s of "
           f"autoregressive decoding (one run each); "
           + (f"output the same as autoregressive decoding on {same}/{len(prompts)} prompts"
