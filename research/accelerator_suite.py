@@ -13,8 +13,10 @@ still run, so a rare GPU session is never lost to one bug):
   4. head-drafter training throughput (EAGLE on the target, tokens/s after compilation);
   5. decode loops side by side (`loops`): ms per step of the autoregressive loop, of the goodput
      loop forced to k' = 0 and to k' = 1 on every step against fixed k = 1 (what goodput's
-     bookkeeping and nested loop cost), and of autoregressive and fixed k = 4 decoding with
-     the Pallas tree-attention kernel against XLA attention (prompt lookup drafts; any weights);
+     bookkeeping and nested loop cost), of the goodput loop choosing freely under fixed step
+     costs as a chain of per-length loops and as a switch per step (the same steps: what each
+     form's length changes cost), and of autoregressive and fixed k = 4 decoding with the Pallas
+     tree-attention kernel against XLA attention (prompt lookup drafts; any weights);
   6. every drafter's tau and speedup on the target (`speculax bench --config drafters`: chain and
      tree, greedy and t=1, batch 1 and 8), within what is left of --budget-min.
 
@@ -479,9 +481,10 @@ def markdown(results: dict) -> str:
                         for r in sec["attention"]]))
   if "loops" in sec:
     parts.append(table(["batch", "attention", "loop", "ms/step", "ms rounds", "tau",
-                        "same as AR"],
+                        "steps drafting 0..k", "same as AR"],
                        [[r["batch"], r["attention"], r["loop"], r["step_ms"],
                          " / ".join(f"{m:.3f}" for m in r["rounds_ms"]), r["tau"],
+                         "/".join(map(str, r["k_steps"])) if r.get("k_steps") else "-",
                          f"{r['same_as_ar']}/{r['sequences']}"] for r in sec["loops"]]))
     traced = [r for r in sec["loops"] if r.get("trace")]
     if traced:

@@ -1,7 +1,9 @@
 """What goodput-driven draft length costs: the goodput loop forced to k' = 0 on every step (a
-cost model where any draft is dear) against the autoregressive loop, and forced to k' = 1
-against the fixed k = 1 loop (the same tokens: the gap is goodput's bookkeeping), on the same
-prompts `--batch` at a time, interleaved, compile apart. A drafter with its own forward to keep
+cost model where any draft is dear) against the autoregressive loop, forced to k' = 1 against
+the fixed k = 1 loop (the same tokens: the gap is goodput's bookkeeping), and choosing freely
+under fixed step costs as a chain of per-length loops against a switch per step (the same
+steps: the gap is the loop form's), on the same prompts `--batch` at a time, interleaved,
+compile apart. A drafter with its own forward to keep
 current (a draft model, EAGLE) feeds plain steps' tokens in blocks of `max_lag` before its next
 draft; for one, the loop forced to k' = 0 also runs with max_lag = 0 (its forward on every plain
 step: "fed each step"), so what the blocks save shows here. Prints the median milliseconds of a
@@ -23,6 +25,8 @@ import argparse
 import dataclasses
 import json
 
+import numpy as np
+
 from speculax.bench.measure import machine
 from speculax.bench.report import table
 from speculax.decode.calibrate import calibrate
@@ -40,10 +44,21 @@ def overhead_runs(params, config, prompts, drafter, dparams, k: int, new_tokens:
                   label: str) -> dict:
   """The loops compared, by name, each a call that decodes prompts once (compiled apart):
   autoregressive, the goodput loop (k' <= k) forced to k' = 0 and to k' = 1 on every step (a
-  forced loop that drafted another length raises), fixed k = 1 ("<label> k=1"), and for a
-  drafter with max_lag the loop forced to k' = 0 feeding it every plain step."""
+  forced loop that drafted another length raises), fixed k = 1 ("<label> k=1"), the goodput
+  loop choosing freely under one fixed set of step costs as a chain of per-length loops and as a
+  switch per step (the same costs and outcomes, so the same steps: the gap between the two rows
+  is the loop form's, what a GPU pays for conditions evaluated from the host), and for a drafter
+  with max_lag the loop forced to k' = 0 feeding it every plain step."""
   base = SpecConfig(k=k, max_new_tokens=new_tokens, eos_ids=())
   good = dataclasses.replace(base, goodput=Goodput())
+  # Relative costs under which several lengths win in turn as the estimate moves (a plain step
+  # 1, each draft 0.15 more); not calibrated, so both forms weigh the same numbers.
+  free_costs = (1 + 0.15 * np.arange(k + 1)).astype(np.float32)
+
+  def free(loop):
+    spec = dataclasses.replace(base, goodput=Goodput(loop=loop))
+    return lambda: speculative_generate(params, config, prompts, drafter, spec, dparams,
+                                        warmup=True, step_costs=free_costs)
 
   def forced(n, drafter=drafter):
     def run():
@@ -58,7 +73,8 @@ def overhead_runs(params, config, prompts, drafter, dparams, k: int, new_tokens:
           "goodput forced k'=0": forced(0), "goodput forced k'=1": forced(1),
           f"{label} k=1": lambda: speculative_generate(
               params, config, prompts, drafter, dataclasses.replace(base, k=1), dparams,
-              warmup=True)}
+              warmup=True),
+          "goodput free, chain": free("chain"), "goodput free, switch": free("switch")}
   if drafter.max_lag:
     runs["goodput forced k'=0, fed each step"] = forced(0, dataclasses.replace(drafter,
                                                                                max_lag=0))

@@ -42,7 +42,8 @@ def test_smoke_runs_every_section(tmp_path):
   loops = {(r["attention"], r["loop"]): r for r in sec["loops"]}
   assert set(loops) == {("xla", "autoregressive"), ("xla", "prompt lookup k=4"),
                         ("xla", "goodput forced k'=0"), ("xla", "goodput forced k'=1"),
-                        ("xla", "prompt lookup k=1"), ("pallas-interpret", "autoregressive"),
+                        ("xla", "prompt lookup k=1"), ("xla", "goodput free, chain"),
+                        ("xla", "goodput free, switch"), ("pallas-interpret", "autoregressive"),
                         ("pallas-interpret", "prompt lookup k=4")}
   assert all(r["same_as_ar"] == r["sequences"] and r["step_ms"] > 0 for r in loops.values())
   # Forced goodput loops take the one length on every step, so they decode as the fixed loop.
@@ -51,6 +52,11 @@ def test_smoke_runs_every_section(tmp_path):
     assert steps[k] == sum(steps) > 0, steps
   assert loops["xla", "goodput forced k'=1"]["tau"] == loops["xla", "prompt lookup k=1"]["tau"]
   assert loops["xla", "goodput forced k'=0"]["tau"] == 1.0
+  # Choosing freely under the same fixed costs, the chain and the switch take the same steps
+  # (several lengths, so the rows time the form's length changes).
+  chain, switch = (loops["xla", f"goodput free, {form}"] for form in ("chain", "switch"))
+  assert chain["k_steps"] == switch["k_steps"] and chain["tau"] == switch["tau"]
+  assert sum(n > 0 for n in chain["k_steps"]) > 1, chain["k_steps"]
   for folder in ("b1-fixed-k1", "b1-goodput-k1"):  # --trace: one profiled run each
     assert trace_summary.find(tmp_path / "trace" / folder).stat().st_size > 0
 
