@@ -105,12 +105,12 @@ class Goodput(Checked):
   # running row alike.
   lead: float | None = field(0.5, ge=0)
   # How the loop runs a step of the chosen length. "chain": one while loop per length in turn
-  # inside the outer loop, which updates the KV cache in place (XLA:CPU copies every buffer a
-  # conditional updates); but each pass of the outer loop evaluates every length's condition, and
-  # a GPU evaluates each from the host, so a step that changes length pays K + 2 of them.
-  # "switch": one while loop, a switch among the lengths' steps each step (one condition from the
-  # host a step on a GPU, where XLA records the switch into the step's CUDA graph and copying a
-  # cache is cheap). Not yet timed on a GPU.
+  # inside the outer loop, which updates the KV cache in place; but each pass of the outer loop
+  # evaluates every length's condition, and a GPU evaluates each from the host, so a step that
+  # changes length pays K + 2 of them. "switch": one while loop, a switch among the lengths' steps
+  # each step (one condition from the host a step on a GPU, where XLA records the switch into the
+  # step's CUDA graph); a drafting step copies the cache once (speculative.REGION_ANALYSIS: level
+  # with the chain at batch 8 on a 2-core CPU). Not yet timed on a GPU.
   loop: Literal["chain", "switch"] = "chain"
 
   def __post_init__(self):
