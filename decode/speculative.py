@@ -145,8 +145,8 @@ REGION_ANALYSIS = {"xla_cpu_copy_insertion_use_region_analysis": True,
                    "xla_gpu_copy_insertion_use_region_analysis": True}
 
 
-@functools.partial(jax.jit, static_argnames=("config", "spec", "drafter"), donate_argnames=("state",),
-                   compiler_options=REGION_ANALYSIS)
+@functools.partial(jax.jit, static_argnames=("config", "spec", "drafter"),
+                   donate_argnames=("state",), compiler_options=REGION_ANALYSIS)
 def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Drafter,
               state: SpecState, watch: jax.Array) -> SpecState:
   """Steps of spec.k drafts until every row is done or a watched one [b] bool is; with
@@ -192,15 +192,13 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
         s = jax.lax.while_loop(behind, catch_up, s)
     return s
 
-  # The chain (Goodput.loop): XLA copies every buffer a conditional updates in place, in every
-  # branch (with --xla_cpu_copy_insertion_use_region_analysis, in every branch but the first;
-  # writing what a branch returns after the conditional is in place). Here that is the whole KV
-  # cache: with a switch per step a plain step cost 76-81 ms against AR's 61-68 at batch 8 on a
-  # 2-core CPU, and a switch per segment still copied it at every change of length and every
-  # continuous-batching refill; loops in sequence update it in place. A loop whose k is not the
-  # choice runs no step; each pass of the outer loop runs at least one (the choice's own loop), so
-  # it ends. Both forms run the same steps in the same order (the chain also catches up after
-  # plain steps that end a call, which changes no token).
+  # The chain (Goodput.loop) has no conditional, so its loops update the KV cache in place; a
+  # switch copies it in every branch without REGION_ANALYSIS (a plain step 76-81 ms against AR's
+  # 61-68 at batch 8 on a 2-core CPU) and in a drafting branch with it, and a switch per segment
+  # copied it at every change of length and every continuous-batching refill. A loop whose k is
+  # not the choice runs no step; each pass of the outer loop runs at least one (the choice's own
+  # loop), so it ends. Both forms run the same steps in the same order (the chain also catches up
+  # after plain steps that end a call, which changes no token).
   return jax.lax.while_loop(running, segments, state)
 
 

@@ -1,14 +1,13 @@
-"""What goodput-driven draft length costs: the goodput loop forced to k' = 0 on every step (a
-cost model where any draft is dear) against the autoregressive loop, forced to k' = 1 against
-the fixed k = 1 loop (the same tokens: the gap is goodput's bookkeeping), and choosing freely
-under fixed step costs as a chain of per-length loops against a switch per step (the same
-steps: the gap is the loop form's), on the same prompts `--batch` at a time, interleaved,
-compile apart. A drafter with its own forward to keep
-current (a draft model, EAGLE) feeds plain steps' tokens in blocks of `max_lag` before its next
-draft; for one, the loop forced to k' = 0 also runs with max_lag = 0 (its forward on every plain
-step: "fed each step"), so what the blocks save shows here. Prints the median milliseconds of a
-loop step (prefill apart) and writes JSON. The accelerator suite's `loops` section runs the same
-set on a GPU.
+"""What goodput-driven draft length costs: the goodput loop forced to k' = 0 on every step (a cost
+model where any draft is dear) against the autoregressive loop, forced to k' = 1 against the
+fixed k = 1 loop (the same tokens: the gap is goodput's bookkeeping), and choosing freely under
+fixed step costs as a chain of per-length loops against a switch per step (the same steps: the
+gap is the loop form's), on the same prompts `--batch` at a time, interleaved, compile apart. A
+drafter with its own forward to keep current (a draft model, EAGLE) feeds plain steps' tokens in
+blocks of `max_lag` before its next draft; for one, the loop forced to k' = 0 also runs with
+max_lag = 0 (its forward on every plain step: "fed each step"), so what the blocks save shows
+here. Prints the median milliseconds of a loop step (prefill apart) and writes JSON. The
+accelerator suite's `loops` section runs the same set on a GPU.
 
 --calibrations N: then N calibrations (decode/calibrate.py, as `speculax generate --goodput`
 runs it) on the first batch, each one's step costs in its own plain steps beside the forced

@@ -381,7 +381,7 @@ def test_the_loop_updates_cache_and_history_in_place(tiny, loop):
   buffer. XLA copies a buffer a conditional's branch updates in place: a switch per step copied
   K/V and history buffers in every branch (16 K/V copies here) and a switch per segment at every
   change of length; with copy insertion's region analysis (spec_loop's REGION_ANALYSIS) at most
-  as many as one copy of each buffer a drafting branch."""
+  one copy of each buffer per drafting branch."""
   cfg, params = tiny
   spec = SpecConfig(k=2, max_new_tokens=NEW, goodput=Goodput(loop=loop))
   program = speculative.spec_program(params, cfg, PromptLookup(), spec, None, COSTS[:3])
