@@ -137,10 +137,12 @@ def row_bins(spec: SpecConfig, drafter: Drafter, dparams, dstate, view: TargetVi
   return spec.goodput.bins(signal, n_out, done)
 
 
-# XLA copies a buffer a conditional's branch updates in place; copy insertion's region analysis,
-# off by default on CPU and GPU, keeps the plain step's branch in place and copies once in a
-# drafting one (XLA:CPU, the switch form at batch 8 with prompt lookup, the same steps: 72.2 ms a
-# step without, 55.7 with, the chain 55.6; no compile time added to tests/test_goodput.py).
+# XLA copies a buffer a conditional's branch updates in place, in every branch (the goodput
+# switch's plain step 76-81 ms against AR's 61-68 at batch 8 on a 2-core CPU); copy insertion's
+# region analysis, off by default on CPU and GPU, keeps the plain step's branch in place and
+# copies once in a drafting one (XLA:CPU, the switch at batch 8 with prompt lookup, the same
+# steps: 72.2 ms a step without, 55.7 with, the chain 55.6; no compile time added to
+# tests/test_goodput.py).
 REGION_ANALYSIS = {"xla_cpu_copy_insertion_use_region_analysis": True,
                    "xla_gpu_copy_insertion_use_region_analysis": True}
 
@@ -192,12 +194,10 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
         s = jax.lax.while_loop(behind, catch_up, s)
     return s
 
-  # The chain (Goodput.loop) has no conditional, so its loops update the KV cache in place; a
-  # switch copies it in every branch without REGION_ANALYSIS (a plain step 76-81 ms against AR's
-  # 61-68 at batch 8 on a 2-core CPU) and in a drafting branch with it, and a switch per segment
-  # copied it at every change of length and every continuous-batching refill. A loop whose k is
-  # not the choice runs no step; each pass of the outer loop runs at least one (the choice's own
-  # loop), so it ends. Both forms run the same steps in the same order (the chain also catches up
+  # The chain (Goodput.loop) has no conditional, so its loops update the KV cache in place (the
+  # switch's copies: REGION_ANALYSIS above; a switch per segment copied the cache at every change
+  # of length and every continuous-batching refill). A loop whose k is not the choice runs no
+  # step; each pass of the outer loop runs at least one (the choice's own loop), so it ends. Both forms run the same steps in the same order (the chain also catches up
   # after plain steps that end a call, which changes no token).
   return jax.lax.while_loop(running, segments, state)
 
