@@ -197,8 +197,9 @@ def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: D
   # The chain (Goodput.loop) has no conditional, so its loops update the KV cache in place (the
   # switch's copies: REGION_ANALYSIS above; a switch per segment copied the cache at every change
   # of length and every continuous-batching refill). A loop whose k is not the choice runs no
-  # step; each pass of the outer loop runs at least one (the choice's own loop), so it ends. Both forms run the same steps in the same order (the chain also catches up
-  # after plain steps that end a call, which changes no token).
+  # step; each pass of the outer loop runs at least one (the choice's own loop), so it ends. Both
+  # forms run the same steps in the same order (the chain also catches up after plain steps that
+  # end a call, which changes no token).
   return jax.lax.while_loop(running, segments, state)
 
 
