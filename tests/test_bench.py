@@ -3,6 +3,7 @@ on the tiny target: every greedy row identical to AR, the speedups relative to t
 the files it writes, and bad configs refused naming the value."""
 import dataclasses
 import json
+import pathlib
 
 import pytest
 
@@ -179,6 +180,19 @@ def test_draft_model_set_reads_the_trained_run_or_says_to_train_it(tmp_path, mon
   assert [m.name for m in rows] == ["draft-model k=1", "draft-model k=2", "draft-model k=4",
                                     "draft-model tree (9 nodes)"]
   assert rows[0].options["draft"] == "runs/distill-smollm2-fkl"
+
+
+@pytest.mark.parametrize("name", [n for n in shipped() if n != "draft_model"])  # runs/: above
+def test_every_shipped_set_builds_its_drafters_options(name):
+  """Each shipped method set loads, and every method's options are ones its drafter kind takes
+  (what the CLI checks before a model loads), its trained heads shipped with the repository."""
+  from speculax.drafters import registry
+  for m in load_config(name).methods:
+    if m.drafter is None:
+      continue
+    registry.check_options(m.drafter, **m.options)
+    if "heads" in m.options:
+      assert (pathlib.Path(m.options["heads"]) / "drafter.json").is_file(), (name, m.name)
 
 
 def test_shipped_sets_load_and_overrides_apply():
