@@ -77,6 +77,7 @@ class Run:
   # them: at batch 8 on a 2-core CPU the prefill is about half a call and the same work for
   # every method, so this is what a drafter and a draft-length policy can change.
   decode_tokens_per_s: float = 0.0
+  k_changes: int | None = None  # goodput-driven runs: steps after which the next drafted another k
 
 
 def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int = 1,
@@ -98,7 +99,7 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
   rows = batch if continuous else None
   starts = [0] if continuous else range(0, len(prompts) - batch + 1, batch)
   wall = n_tokens = row_steps = step_tokens = compile_s = accepted = drafted = steps = decode = 0
-  tokens, k_steps = [], None
+  tokens, k_steps, k_changes = [], None, None
   for i in starts:
     key, chunk = jax.random.key(i), prompts[i:] if continuous else prompts[i:i + batch]
     if drafter is None:
@@ -115,6 +116,7 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
       accepted, drafted = accepted + out.accepted_at, drafted + out.drafted
       if out.k_steps is not None:
         k_steps = out.k_steps + (0 if k_steps is None else k_steps)
+        k_changes = out.k_changes + (k_changes or 0)
     wall, n_tokens, compile_s = wall + out.wall_s, n_tokens + out.new_tokens, compile_s + out.compile_s
     steps, decode = steps + out.forwards - 1, decode + out.decode_s
     tokens += out.tokens
@@ -123,4 +125,4 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
   return Run(n_tokens / wall, tau, acceptance, drafted / max(row_steps, 1), compile_s, steps,
              decode, tokens, None if k_steps is None else k_steps.tolist(),
              row_steps / (steps * batch) if row_steps else None,  # every step holds `batch` rows
-             (n_tokens - len(tokens)) / max(decode, 1e-9))
+             (n_tokens - len(tokens)) / max(decode, 1e-9), k_changes)

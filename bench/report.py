@@ -67,9 +67,11 @@ def markdown(result: dict) -> str:
   if any(r.get("k_steps") for r in result["rows"]):  # goodput-driven rows: choices and costs
     ints = lambda xs, f="{}": "/".join(f.format(x) for x in xs) if xs else "-"
     # 3 digits: a GPU step is ~1 ms, a CPU one 25-130
-    header += ["steps drafting 0..k", "calibrated step ms at 0..k"]
+    header += ["steps drafting 0..k", "length changes", "calibrated step ms at 0..k"]
     for row, r in zip(rows, result["rows"]):
-      row += [ints(r.get("k_steps")), ints([s * 1e3 for s in r.get("step_costs") or []], "{:.3g}")]
+      changes = r.get("k_changes")  # not in results written before 2026-12-04 night
+      row += [ints(r.get("k_steps")), "-" if changes is None else changes,
+              ints([s * 1e3 for s in r.get("step_costs") or []], "{:.3g}")]
   return head + "\n\n" + table(header, rows)
 
 

@@ -94,7 +94,7 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
             drafter=m.drafter, k=m.k, suite=suite, batch=batch,
             sampling=sampling_name(temperature), tau=r.tau, acceptance=r.acceptance,
             drafts_per_step=r.drafts_per_step, rows_active=r.rows_active, k_steps=r.k_steps,
-            pearl=m.pearl,
+            k_changes=r.k_changes, pearl=m.pearl,
             step_costs=None if costs[i] is None else costs[i].tolist(), tokens_per_s_rounds=[],
             decode_tokens_per_s_rounds=[],
             compile_s=r.compile_s, drafter_mb=params_mb(dparams),

@@ -199,6 +199,9 @@ class GoodputState:
   step_costs: jax.Array  # [K + 1] float32 seconds of a step drafting k (+inf: never)
   bins: jax.Array  # [b] int32 each row's signal bin for the next step (-1: the row is done)
   choice: jax.Array  # [] int32 the k the next step drafts: `choose` of this state
+  # [] int32 steps after which the next one drafts another length, what a loop form pays for
+  # (on a GPU the chain evaluates K + 2 conditions from the host at a change, one a step else)
+  changes: jax.Array
 
   @classmethod
   def init(cls, goodput: Goodput, step_costs: jax.Array, bins: jax.Array,
@@ -212,7 +215,7 @@ class GoodputState:
                 jnp.zeros((k + 1,), jnp.int32), jnp.zeros((), jnp.int32),
                 jnp.asarray(goodput.probe_every, jnp.int32),
                 jnp.asarray(step_costs, jnp.float32), jnp.asarray(bins, jnp.int32),
-                jnp.zeros((), jnp.int32))
+                jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
     return state.replace(choice=choose(goodput, state))
 
 
@@ -278,7 +281,7 @@ def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
   steps = state.steps.at[k].add(1)
   if k == 0:
     state = state.replace(steps=steps, plain_run=state.plain_run + 1, bins=bins)
-    return state.replace(choice=choose(goodput, state, weights))
+    return chosen(state, choose(goodput, state, weights), k)
   probed = probe_due(state)  # this step was a probe (choose's condition, before it reset)
   pos = jnp.arange(state.kept.shape[1])[None]  # [1, K]
   reached = (pos < checked[:, None]) & (pos <= n_accepted[:, None])  # [b, K]
@@ -295,4 +298,11 @@ def observe(goodput: Goodput, state: GoodputState, k: int, checked: jax.Array,
   longer = jnp.minimum(state.probe_after * goodput.probe_backoff, goodput.probe_every_max)
   probe_after = jnp.where(choice > 0, goodput.probe_every,
                           jnp.where(probed, longer, state.probe_after))
-  return state.replace(probe_after=probe_after.astype(jnp.int32), choice=choice)
+  return chosen(state.replace(probe_after=probe_after.astype(jnp.int32)), choice, k)
+
+
+def chosen(state: GoodputState, choice: jax.Array, k: int) -> GoodputState:
+  """The state after a step that drafted k, holding the next step's choice, counted as a change
+  of length where it is another and a row runs on (state.bins: the rows' for the next step)."""
+  change = (choice != k) & jnp.any(state.bins >= 0)
+  return state.replace(choice=choice, changes=state.changes + change.astype(jnp.int32))

@@ -26,6 +26,8 @@ class DecodeOutput:
   drafted: int = 0  # draft tokens the target checked (k per step, fewer with adaptive length)
   # Goodput-driven draft length only: [k + 1] loop steps that drafted 0..k (None: always k).
   k_steps: np.ndarray | None = None
+  # Goodput-driven only: loop steps after which the next drafted another length.
+  k_changes: int | None = None
   # Goodput-driven only: [k + 1] the step costs it weighed (seconds of a step drafting 0..k),
   # to pass again (sx.speculate(goodput=out.step_costs)) instead of recalibrating.
   step_costs: np.ndarray | None = None
@@ -100,6 +102,7 @@ class DecodeOutput:
                 forwards=self.forwards, tau=self.tau, acceptance=self.acceptance.tolist(),
                 drafts_per_step=self.draft_length, rows_active=self.rows_active,
                 k_steps=None if self.k_steps is None else self.k_steps.tolist(),
+                k_changes=self.k_changes,
                 step_costs=None if self.step_costs is None else self.step_costs.tolist(),
                 post_steps=self.post_steps, lossy=self.lossy)
 
@@ -118,7 +121,8 @@ class DecodeOutput:
                f"; continuous batching, {self.batch} row{'s' * (self.batch > 1)} at a time")
             + ("" if self.k_steps is None else
                f"; goodput chose k = 0..{len(self.k_steps) - 1} in "
-               f"{'/'.join(str(int(n)) for n in self.k_steps)} steps")
+               f"{'/'.join(str(int(n)) for n in self.k_steps)} steps"
+               + ("" if self.k_changes is None else f", changing length {self.k_changes} times"))
             + ("" if self.post_steps is None else
                f"; PEARL: {self.post_steps} of {self.row_steps} steps post-verify")
             + ("" if self.lossy is None else f"; LOSSY: {self.lossy}"))

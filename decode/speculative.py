@@ -338,6 +338,7 @@ def speculative_generate(params, config: LlamaConfig, prompts, drafter: Drafter,
       out, row_steps=int(state.row_steps), step_tokens=int(state.step_tokens),
       accepted_at=np.asarray(state.accepted_at), drafted=int(state.drafted),
       k_steps=None if state.goodput is None else np.asarray(state.goodput.steps),
+      k_changes=None if state.goodput is None else int(state.goodput.changes),
       step_costs=None if state.goodput is None else np.asarray(state.goodput.step_costs),
       drafter_state=state.drafter,
       goodput_estimate=None if state.goodput is None else (

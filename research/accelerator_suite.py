@@ -177,6 +177,7 @@ def loops(target: LoadedModel, sizes: Sizes, precision: str, trace: pathlib.Path
       row = dict(batch=batch, attention=impl, loop=name, step_ms=ms, rounds_ms=step_ms[impl, name],
                  tau=out.step_tokens / out.row_steps if out.row_steps else 1.0,
                  k_steps=None if out.k_steps is None else out.k_steps.tolist(),
+                 k_changes=out.k_changes,
                  same_as_ar=sum(a == b for a, b in zip(out.tokens, reference)), sequences=batch,
                  trace=traced.get((impl, name)))
       print(f"loops b{batch} {impl} {name}: {ms:.3f} ms/step", flush=True)
@@ -481,10 +482,11 @@ def markdown(results: dict) -> str:
                         for r in sec["attention"]]))
   if "loops" in sec:
     parts.append(table(["batch", "attention", "loop", "ms/step", "ms rounds", "tau",
-                        "steps drafting 0..k", "same as AR"],
+                        "steps drafting 0..k", "length changes", "same as AR"],
                        [[r["batch"], r["attention"], r["loop"], r["step_ms"],
                          " / ".join(f"{m:.3f}" for m in r["rounds_ms"]), r["tau"],
                          "/".join(map(str, r["k_steps"])) if r.get("k_steps") else "-",
+                         "-" if r.get("k_changes") is None else r["k_changes"],
                          f"{r['same_as_ar']}/{r['sequences']}"] for r in sec["loops"]]))
     traced = [r for r in sec["loops"] if r.get("trace")]
     if traced:

@@ -101,19 +101,26 @@ def main(argv: list[str] | None = None) -> None:
   model = load(args.model)
   batches = prompt_batches(args, model.tokenizer)
   drafter, dparams = loop_drafter(args, model)
-  step_ms = {}
+  step_ms, changes = {}, {}
   for p in batches:  # each batch's loops interleaved, the rounds pooled over batches
     runs = overhead_runs(model.params, model.config, p, drafter, dparams, args.k,
                          args.new_tokens, drafter.name)
-    for name, ms in interleaved(runs, args.repeats)[0].items():
-      step_ms.setdefault(name, []).extend(ms)
+    ms, outs = interleaved(runs, args.repeats)
+    for name in runs:
+      step_ms.setdefault(name, []).extend(ms[name])
+      if outs[name].k_changes is not None:  # steps and changes of length, summed over batches
+        steps, n = changes.get(name, (0, 0))
+        changes[name] = (steps + int(outs[name].k_steps.sum()), n + outs[name].k_changes)
   ar = median(step_ms["autoregressive"])
   result = dict(machine=machine(), drafter=drafter_label(args),
                 prompts=args.prompts, batch=args.batch, repeats=args.repeats,
                 new_tokens=args.new_tokens, step_ms=step_ms,
-                median_ms={n: median(v) for n, v in step_ms.items()})
-  print(table(["loop", "median ms a step", "x the autoregressive step"],
-              [[n, m, m / ar] for n, m in result["median_ms"].items()]))
+                median_ms={n: median(v) for n, v in step_ms.items()},
+                steps_and_length_changes=changes)
+  print(table(["loop", "median ms a step", "x the autoregressive step",
+               "steps / length changes"],
+              [[n, m, m / ar, "/".join(map(str, changes[n])) if n in changes else "-"]
+               for n, m in result["median_ms"].items()]))
   if args.calibrations > 0:
     spec = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=(), goodput=Goodput())
     costs = [calibrate(model.params, model.config, batches[0], drafter, spec, dparams).tolist()

@@ -50,6 +50,7 @@ def test_smoke_runs_every_section(tmp_path):
   for k in (0, 1):
     steps = loops["xla", f"goodput forced k'={k}"]["k_steps"]
     assert steps[k] == sum(steps) > 0, steps
+    assert loops["xla", f"goodput forced k'={k}"]["k_changes"] == 0
   assert loops["xla", "goodput forced k'=1"]["tau"] == loops["xla", "prompt lookup k=1"]["tau"]
   assert loops["xla", "goodput forced k'=0"]["tau"] == 1.0
   # Choosing freely under the same fixed costs, the chain and the switch take the same steps
@@ -57,6 +58,7 @@ def test_smoke_runs_every_section(tmp_path):
   chain, switch = (loops["xla", f"goodput free, {form}"] for form in ("chain", "switch"))
   assert chain["k_steps"] == switch["k_steps"] and chain["tau"] == switch["tau"]
   assert sum(n > 0 for n in chain["k_steps"]) > 1, chain["k_steps"]
+  assert chain["k_changes"] == switch["k_changes"] > 0
   for folder in ("b1-fixed-k1", "b1-goodput-k1"):  # --trace: one profiled run each
     assert trace_summary.find(tmp_path / "trace" / folder).stat().st_size > 0
 

@@ -72,6 +72,7 @@ def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_pa
   assert len(lookup["acceptance"]) == 3 and skip["drafts_per_step"] <= 3
   assert len(lookup["k_steps"]) == 4 and sum(lookup["k_steps"]) > 0  # goodput: steps by k
   assert skip["k_steps"] is None and rows[0]["k_steps"] is None
+  assert 0 <= lookup["k_changes"] < sum(lookup["k_steps"]) and skip["k_changes"] is None
   assert len(lookup["step_costs"]) == 4 and skip["step_costs"] is None  # goodput's costs
   assert tree["drafts_per_step"] == 4  # the tree's 2 + 2 nodes, checked every step
   assert all(r["rows_active"] == 1.0 for r in rows[1:5])  # batch 1: the one row is active
@@ -85,7 +86,7 @@ def test_matrix_rows_lossless_with_speedups_and_files(tiny, prompts_file, tmp_pa
   assert saved["rows"] == json.loads(json.dumps(rows))
   md = (tmp_path / "t.md").read_text()
   assert md == report.markdown(saved) + "\n" and "| draft model tree |" in md
-  assert "| rows active |" in md and "calibrated step ms at 0..k" in md
+  assert "| rows active |" in md and "| length changes | calibrated step ms at 0..k |" in md
   assert "| x AR | decode x AR |" in md
   assert "/".join(map(str, lookup["k_steps"])) in md
   assert (tmp_path / "t.png").stat().st_size > 5000

@@ -50,7 +50,8 @@ def _state(kept, reached, costs=COSTS, plain_run=0, bins=(0,)):
   as2 = lambda x: jnp.atleast_2d(jnp.asarray(x, jnp.float32))  # [c, K]
   return GoodputState(as2(kept), as2(reached), jnp.zeros((len(costs),), jnp.int32),
                       jnp.array(plain_run), jnp.array(16), jnp.asarray(costs, jnp.float32),
-                      jnp.asarray(bins, jnp.int32), jnp.zeros((), jnp.int32))
+                      jnp.asarray(bins, jnp.int32), jnp.zeros((), jnp.int32),
+                      jnp.zeros((), jnp.int32))
 
 
 def test_choice_follows_acceptance_and_costs():
@@ -160,6 +161,22 @@ def test_observe_counts_reached_and_kept_positions():
   for want in (0, 1):
     state = goodput.observe(g, state, 0, zeros, zeros, nxt)
     assert int(state.choice) == int(goodput.choose(g, state)) == want
+
+
+def test_observe_counts_changes_of_length():
+  """A step whose next choice is another length counts one change (what the loop form pays
+  for); one followed by its own length, none."""
+  g, one, row = Goodput(), jnp.array([1]), jnp.array([0])
+  sure = _state([50.0] * 3, [50.0] * 3)  # every draft kept: the choice is k = 3
+  stay = goodput.observe(g, sure, 3, jnp.array([3]), jnp.array([3]), row)
+  assert (int(stay.choice), int(stay.changes)) == (3, 0)
+  up = goodput.observe(g, stay, 1, one, one, row)
+  assert (int(up.choice), int(up.changes)) == (3, 1)
+  never = _state([0.0] * 3, [50.0] * 3)  # never kept: plain steps
+  plain = goodput.observe(g, never, 0, jnp.array([0]), jnp.array([0]), row)
+  assert (int(plain.choice), int(plain.changes)) == (0, 0)
+  down = goodput.observe(g, plain, 1, one, jnp.array([0]), row)
+  assert (int(down.choice), int(down.changes)) == (0, 1)
 
 
 def test_observe_counts_each_row_in_its_signal_bin():
@@ -538,6 +555,10 @@ def test_a_switch_per_step_runs_the_chains_steps(tiny, tiny_reference, make, tem
   np.testing.assert_array_equal(switch.accepted_at, chain.accepted_at)
   steps = np.asarray(chain.goodput.steps)
   assert steps[0] > 0 and (steps[1:] > 0).sum() >= 2, steps
+  # each length used after another is a change; at most one change per step but the last
+  changes = int(chain.goodput.changes)
+  assert int(switch.goodput.changes) == changes
+  assert (steps > 0).sum() - 1 <= changes <= steps.sum() - 1, (steps, changes)
 
 
 def test_mixed_lengths_with_a_draft_model_equal_target_only(tiny, tiny_reference):
@@ -656,6 +677,7 @@ def test_forced_length_in_a_shorter_run(tiny, tiny_reference):
                                SpecConfig(k=3, max_new_tokens=NEW, goodput=Goodput()),
                                step_costs=only, new_tokens=5)
     assert out.k_steps.sum() == out.k_steps[k] > 0, out.k_steps
+    assert out.k_changes == 0
     assert out.tokens == [list(t[:5]) for t in tiny_reference]
     np.testing.assert_array_equal(out.step_costs, only)
 
