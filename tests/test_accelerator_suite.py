@@ -6,12 +6,12 @@ import math
 import pytest
 
 from speculax.models.config import PRECISIONS
-from speculax.research import accelerator_suite, trace_summary
+from speculax.research import accelerator_report, accelerator_suite, trace_summary
 
 pytestmark = pytest.mark.slow  # reads SmolLM2's tokenizer from the GGUF
 
 
-def test_smoke_runs_every_section(tmp_path):
+def test_smoke_runs_every_section(tmp_path, capsys):
   path = tmp_path / "suite.json"
   results = accelerator_suite.main(["--smoke", "--results", str(path),
                                     "--drafters-dir", str(tmp_path / "no-drafters"),
@@ -69,8 +69,11 @@ def test_smoke_runs_every_section(tmp_path):
   assert {r["method"] for r in rows} >= {"autoregressive", "prompt lookup"}
   assert not list(tmp_path.glob("suite_drafters*"))  # done: the suite's JSON holds the rows
   assert all(r["same_as_ar"] == r["sequences"] for r in rows)  # greedy: lossless
-  text = accelerator_suite.markdown(results)
+  text = accelerator_report.markdown(results)
   assert "x floor" in text and "XLA / kernel" in text and "tokens/s" in text
+  capsys.readouterr()
+  accelerator_report.main([str(path)])  # the tables again, from the JSON alone
+  assert capsys.readouterr().out == text + "\n"
 
 
 def test_random_weights_keep_the_presets_shapes_and_refuse_the_drafters_section(capsys):
