@@ -61,16 +61,16 @@ def tiny_reference(tiny):
 
 @pytest.fixture
 def calibrations(monkeypatch):
-  """The serving loop's goodput calibration replaced by test_goodput.COSTS; the list returned
-  holds each calibration's batch size."""
+  """The serving loop's goodput calibration replaced by test_goodput_policy.COSTS; the list
+  returned holds each calibration's batch size."""
   import numpy as np
-  import test_goodput
+  import test_goodput_policy
   from speculax.serve import loop
   sizes = []
 
   def calibrated(params, config, prompts, *args, **kwargs):
     sizes.append(len(prompts))
-    return np.asarray(test_goodput.COSTS, np.float32)
+    return np.asarray(test_goodput_policy.COSTS, np.float32)
 
   monkeypatch.setattr(loop, "calibrate", calibrated)
   return sizes
