@@ -97,8 +97,10 @@ class Drafter(Checked, abc.ABC):
     if not self.vocab_trim:
       return without_order(params)
     order = params[vocab_trim.IDS][:self.vocab_trim]
-    head = vocab_trim.trimmed_head(*self.output_layer(params, target_params, target), order)
-    return {**without_order(params), vocab_trim.TRIM: head}
+    own = without_order(params)
+    head = vocab_trim.trimmed_head(*self.output_layer(params, target_params, target), order,
+                                   dtype=vocab_trim.weight_dtype(own))
+    return {**own, vocab_trim.TRIM: head}
 
   def output_layer(self, params, target_params, target: LlamaConfig) -> tuple[Any, LlamaConfig]:
     """(params, config) of the output layer the drafter scores with: the target's."""

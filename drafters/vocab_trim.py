@@ -59,15 +59,23 @@ def check_order(order, vocab_size: int, n: int, where: str = "vocab_ids") -> np.
   return arr.astype(np.int32)
 
 
-def trimmed_head(head_params, config: LlamaConfig, ids: np.ndarray) -> dict:
-  """The kept rows of an output layer (the embedding when tied): {"ids": [n], "rows": [n, d]}.
-  Host-side, once per decode call; no new parameters."""
+def trimmed_head(head_params, config: LlamaConfig, ids: np.ndarray, dtype=None) -> dict:
+  """The kept rows of an output layer (the embedding when tied): {"ids": [n], "rows": [n, d]},
+  in `dtype` (None: the layer's; a bfloat16 drafter reads the float32 target's rows in its own
+  precision). Host-side, once per decode call; no new parameters."""
   ids = jnp.asarray(np.sort(ids))
   if config.tie_embeddings:
     rows = jnp.take(head_params["embed"], ids, axis=0)
   else:
     rows = jnp.take(head_params["lm_head"], ids, axis=1).T
-  return {"ids": ids, "rows": rows}
+  return {"ids": ids, "rows": rows if dtype is None else rows.astype(dtype)}
+
+
+def weight_dtype(params):
+  """The dtype of a drafter's own floating weights (None: it has none, as layer skip)."""
+  floats = [x.dtype for x in jax.tree.leaves(params)
+            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
+  return min(floats, key=lambda d: jnp.dtype(d).itemsize) if floats else None
 
 
 def trimmed_logits(trim: dict, features: jax.Array, vocab_size: int | None = None) -> jax.Array:

@@ -26,6 +26,7 @@ from speculax.drafters.layer_skip import LayerSkip
 from speculax.drafters.medusa import Medusa
 from speculax.models import llama
 from speculax.models.derive import truncated
+from speculax.train.experiment import warm_start
 
 from test_hydra import random_params
 from tiny_prompts import NEW, PROMPTS
@@ -167,8 +168,12 @@ def test_saved_order_round_trips_and_trims_on_load(tiny, order, tmp_path):
     registry.load(tmp_path, cfg)
 
 
-def test_bfloat16_drafters_ship_small_and_load_as_float32(tiny, order, tmp_path):
-  cfg, _ = tiny
+def test_bfloat16_drafters_ship_small_and_decode_in_bfloat16(tiny, tiny_reference, order,
+                                                             tmp_path):
+  """A drafter stored in bfloat16 decodes in it beside a float32 target (its values exact there,
+  half the bytes a draft step reads), its kept output rows too, and stays lossless; one stored in
+  float32 keeps float32; a trainer starting from either gets float32."""
+  cfg, params = tiny
   heads = random_params(Medusa(3), cfg)
   drafter = Medusa(3, vocab_trim=N)
   for dtype in ("float32", "bfloat16"):
@@ -177,8 +182,18 @@ def test_bfloat16_drafters_ship_small_and_load_as_float32(tiny, order, tmp_path)
   back, loaded = registry.load(tmp_path / "bfloat16", cfg)
   assert back.vocab_trim == N  # saved trimmed: loads trimmed
   for got, want in zip(jax.tree.leaves(without_ids(loaded)), jax.tree.leaves(heads)):
-    assert got.dtype == jnp.float32
-    np.testing.assert_array_equal(got, jnp.asarray(want).astype(jnp.bfloat16).astype(jnp.float32))
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(got, jnp.asarray(want).astype(jnp.bfloat16))
+  assert back.prepare(loaded, params, cfg)[vocab_trim.TRIM]["rows"].dtype == jnp.bfloat16
+  out = speculative_generate(params, cfg, PROMPTS[:4], back, SpecConfig(k=3, max_new_tokens=NEW),
+                             drafter_params=loaded)
+  assert out.tokens == tiny_reference[:4] and out.tau > 1
+  _, wide = registry.load(tmp_path / "float32", cfg)
+  assert {x.dtype for x in jax.tree.leaves(without_ids(wide))} == {jnp.dtype(jnp.float32)}
+  assert back.prepare(wide, params, cfg)[vocab_trim.TRIM]["rows"].dtype == jnp.float32
+  like = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), heads)
+  started = warm_start(str(tmp_path / "bfloat16"), Medusa, like, cfg)
+  assert {x.dtype for x in jax.tree.leaves(started)} == {jnp.dtype(jnp.float32)}
   size = lambda d: sum(f.stat().st_size for f in (tmp_path / d / heads_io.PARAMS).rglob("*")
                        if f.is_file())
   assert size("bfloat16") < 0.7 * size("float32")
