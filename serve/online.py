@@ -89,7 +89,11 @@ class OnlineLearner:
   def __init__(self, params, config: LlamaConfig, online: OnlineConfig = OnlineConfig(),
                folder: str | os.PathLike | None = None):
     self.config, self.online, self.cfg = config, online, online.distill()
-    self.state = init_state(params, self.cfg)
+    # Learns in the draft config's weight dtype: a draft model stored in bfloat16 decodes in it
+    # beside a float32 target (drafters/heads_io.decode_dtype) but trains float32 weights here.
+    wide = lambda x: (x.astype(config.runtime.param_dtype)
+                      if jnp.issubdtype(x.dtype, jnp.floating) else x)
+    self.state = init_state(jax.tree.map(wide, params), self.cfg)
     self.buffer = ReplayBuffer(online.buffer_size, online.seq_len, online.top_k,
                                online.buffer_policy, online.seed)
     self.heldout = ReplayBuffer(online.heldout_size, online.seq_len, online.top_k)

@@ -187,6 +187,17 @@ def test_a_restarted_learner_resumes_from_its_checkpoint(tiny, draft, tmp_path):
       np.testing.assert_array_equal(buf.arrays[name], ref.arrays[name])
 
 
+def test_a_bfloat16_draft_trains_float32_weights(draft):
+  """A draft model stored in bfloat16 decodes in it beside a float32 target; its learner keeps
+  float32 weights (the draft config's), the same values to start."""
+  cfg, params = draft
+  narrow = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+  learner = OnlineLearner(narrow, cfg, OnlineConfig())
+  for got, want in zip(jax.tree.leaves(learner.params), jax.tree.leaves(narrow)):
+    assert got.dtype == jnp.float32
+    np.testing.assert_array_equal(got, want.astype(jnp.float32))
+
+
 def test_token_recycling_runs_hot_in_the_same_loop(tiny, tiny_reference):
   cfg, params = tiny
   spec = SpecConfig(k=4, max_new_tokens=6)  # short answers: little time to learn within one
