@@ -58,6 +58,12 @@ class DecodeOutput:
     return self.new_tokens / self.wall_s
 
   @property
+  def decode_tokens_per_s(self) -> float:
+    """Tokens the decode loops emitted (each prompt's first comes from its prefill) per second
+    of them: what a drafter changes, the prefill being the same work for every method."""
+    return (self.new_tokens - len(self.tokens)) / max(self.decode_s, 1e-9)
+
+  @property
   def step_s(self) -> float:
     """Seconds of one loop step: the decode loop's wall time per target forward after the
     prefill (which is timed apart)."""
@@ -98,6 +104,7 @@ class DecodeOutput:
   def metrics(self) -> dict:
     """What summary() says, JSON-ready (tokens per prompt included)."""
     return dict(tokens=self.tokens, new_tokens=self.new_tokens, tokens_per_s=self.tokens_per_s,
+                decode_tokens_per_s=self.decode_tokens_per_s,
                 prefill_s=self.prefill_s, decode_s=self.decode_s, compile_s=self.compile_s,
                 forwards=self.forwards, tau=self.tau, acceptance=self.acceptance.tolist(),
                 drafts_per_step=self.draft_length, rows_active=self.rows_active,

@@ -226,13 +226,17 @@ def test_generate_json_from_a_prompts_file_is_lossless(capsys, tmp_path, tiny_ch
   assert lookup["tokens"] == ar["tokens"] and lookup["tau"] >= 1.0 == ar["tau"]
   assert lookup["same_as_autoregressive"] == 2
   assert lookup["x_autoregressive"] == pytest.approx(lookup["tokens_per_s"] / ar["tokens_per_s"])
+  decode = lambda r: (r["new_tokens"] - len(r["tokens"])) / r["decode_s"]  # prefill's tokens apart
+  assert lookup["x_autoregressive_decode"] == pytest.approx(decode(lookup) / decode(ar))
   assert one_row["tokens"] == ar["tokens"] and one_row["rows_active"] == 1.0  # refilled
   assert len(lookup["acceptance"]) == 5 and lookup["new_tokens"] == 16
   # Sampled, the outputs are draws of one law, not the same draws: no equality is claimed.
   assert main([*base, "--compare", "--temperature", "1", "--max-new-tokens", "4"]) == 0
   out = capsys.readouterr().out
   assert "--- none: 2 prompts, 8 new tokens" in out
-  assert "the tokens/s of autoregressive decoding (one run each); sampled: the target's law" in out
+  assert "the tokens/s of autoregressive decoding, x" in out
+  assert "in its decode loops (each prompt's prefill apart; one run each); sampled: the target's " \
+         "law" in out
 
 
 @pytest.fixture
