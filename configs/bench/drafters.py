@@ -65,7 +65,7 @@ def trained_rows(label: str, drafters=DRAFTERS, ks: tuple[int, ...] | None = Non
 
 def lookup_rows(label: str, drafters=DRAFTERS) -> list:
   """The head drafter TRAINED[label] drafting where prompt lookup finds no match of at least 2
-  (or 1, or 3) tokens, at k = 1-4 and goodput-driven k <= 4 (per match length: copies draft
+  (or 1, or 3) tokens, at k = 1-5 and goodput-driven k <= 4 (per match length: copies draft
   long, the head drafter short; its loop a chain of per-length loops, or a switch per step),
   beside prompt lookup's own goodput-driven length."""
   kind, folder, _ = TRAINED[label]
@@ -74,7 +74,8 @@ def lookup_rows(label: str, drafters=DRAFTERS) -> list:
     return []
   heads = {"heads": str(path)}
   return [method("prompt lookup goodput k<=4", "prompt-lookup", k=4, goodput=True),
-          *(method(f"{label} + lookup k={k}", kind, k=k, lookup=2, **heads) for k in (1, 2, 3, 4)),
+          *(method(f"{label} + lookup k={k}", kind, k=k, lookup=2, **heads)
+            for k in (1, 2, 3, 4, 5)),
           method(f"{label} + lookup goodput k<=4", kind, k=4, lookup=2, goodput=True, **heads),
           method(f"{label} + lookup goodput k<=4 switch", kind, k=4, lookup=2,
                  goodput=Goodput(loop="switch"), **heads),
