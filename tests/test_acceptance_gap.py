@@ -1,10 +1,12 @@
 """research/acceptance_gap.py: the teacher-forced first draft (the training path) replayed
 through the k = 1 greedy rule keeps exactly the drafts the decode loop keeps, for a head drafter
-(EAGLE with and without VocabTrim, Medusa, Hydra) and a draft model; a draft model equal to the target scores 1."""
+(EAGLE with and without VocabTrim, in float32 and bf16 weights, Medusa, Hydra) and a draft model;
+a draft model equal to the target scores 1."""
 import dataclasses
 import types
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -31,13 +33,16 @@ def _drafters(cfg, params):
   trimmed = dataclasses.replace(eagle, vocab_trim=cfg.vocab_size // 2)
   e = eagle_params(cfg, params, eagle)
   hydra = Hydra(3)
+  bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), e)  # as a bf16-stored drafter decodes
   return {"eagle": (eagle, e), "eagle-trimmed": (trimmed, {**e, vocab_trim.IDS: order}),
+          "eagle-trimmed-bf16": (trimmed, {**bf16, vocab_trim.IDS: order}),
           "medusa": (Medusa(4), _random_heads(cfg)), "hydra": (hydra, random_params(hydra, cfg)),
           "draft-model": (DraftModel(*truncated(params, cfg, range(1))[:1]),
                           truncated(params, cfg, range(1))[1])}
 
 
-@pytest.mark.parametrize("name", ["eagle", "eagle-trimmed", "medusa", "hydra", "draft-model"])
+@pytest.mark.parametrize("name", ["eagle", "eagle-trimmed", "eagle-trimmed-bf16", "medusa",
+                                  "hydra", "draft-model"])
 def test_replay_keeps_what_the_decode_loop_keeps(tiny, tiny_reference, name):
   cfg, params = tiny
   drafter, dparams = _drafters(cfg, params)[name]

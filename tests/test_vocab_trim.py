@@ -27,6 +27,7 @@ from speculax.drafters.medusa import Medusa
 from speculax.models import llama
 from speculax.models.derive import truncated
 from speculax.train.experiment import warm_start
+from speculax.train.heads import frozen_params
 
 from test_hydra import random_params
 from tiny_prompts import NEW, PROMPTS
@@ -185,6 +186,9 @@ def test_bfloat16_drafters_ship_small_and_decode_in_bfloat16(tiny, tiny_referenc
     assert got.dtype == jnp.bfloat16
     np.testing.assert_array_equal(got, jnp.asarray(want).astype(jnp.bfloat16))
   assert back.prepare(loaded, params, cfg)[vocab_trim.TRIM]["rows"].dtype == jnp.bfloat16
+  # the training path's kept rows (research/acceptance_gap.py scores drafts through it) alike
+  frozen = frozen_params(back, without_ids(loaded), params, cfg, order)
+  assert frozen[vocab_trim.TRIM]["rows"].dtype == jnp.bfloat16
   out = speculative_generate(params, cfg, PROMPTS[:4], back, SpecConfig(k=3, max_new_tokens=NEW),
                              drafter_params=loaded)
   assert out.tokens == tiny_reference[:4] and out.tau > 1

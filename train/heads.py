@@ -100,10 +100,11 @@ class HeadsConfig(Checked):
 def frozen_params(drafter: Drafter, params, target_params, config, order) -> dict:
   """What a head drafter's objective reads but never trains: the target's params, and with
   VocabTrim the output rows (vocab_trim.TRIM) of the first drafter.vocab_trim ids of `order`
-  (the training tokens by frequency [v])."""
+  (the training tokens by frequency [v]), in the drafter's own weight dtype as decoding reads
+  them (Drafter.prepare)."""
   if not drafter.vocab_trim:
     return target_params
   ids = vocab_trim.check_order(order, config.vocab_size, drafter.vocab_trim)
   head = vocab_trim.trimmed_head(*drafter.output_layer(params, target_params, config),
-                                 ids[:drafter.vocab_trim])
+                                 ids[:drafter.vocab_trim], dtype=vocab_trim.weight_dtype(params))
   return {**target_params, vocab_trim.TRIM: head}
