@@ -13,6 +13,7 @@ import numpy as np
 
 from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
+from speculax.decode.metrics import decode_rate
 from speculax.decode.pearl import draft_device, pearl_generate
 from speculax.decode.speculative import speculative_generate
 from speculax.models import llama
@@ -73,10 +74,7 @@ class Run:
   tokens: list[list[int]]  # new tokens per prompt, in order
   k_steps: list[int] | None = None  # goodput-driven runs: loop steps that drafted 0..k
   rows_active: float | None = None  # share of row-steps on unfinished rows, every batch
-  # Tokens the decode loops emitted (each prompt's first comes from its prefill) per second of
-  # them: at batch 8 on a 2-core CPU the prefill is about half a call and the same work for
-  # every method, so this is what a drafter and a draft-length policy can change.
-  decode_tokens_per_s: float = 0.0
+  decode_tokens_per_s: float = 0.0  # decode/metrics.decode_rate over every batch
   k_changes: int | None = None  # goodput-driven runs: steps after which the next drafted another k
 
 
@@ -125,4 +123,4 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
   return Run(n_tokens / wall, tau, acceptance, drafted / max(row_steps, 1), compile_s, steps,
              decode, tokens, None if k_steps is None else k_steps.tolist(),
              row_steps / (steps * batch) if row_steps else None,  # every step holds `batch` rows
-             (n_tokens - len(tokens)) / max(decode, 1e-9), k_changes)
+             decode_rate(n_tokens, len(tokens), decode), k_changes)

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
+from speculax.core.dtypes import narrowest_float
 from speculax.core.fields import Checked
 from speculax.core.sampling import SamplingConfig
 from speculax.core.trees import Tree
@@ -96,11 +97,15 @@ class Drafter(Checked, abc.ABC):
     VocabTrim, the kept rows of its output layer gathered once here)."""
     if not self.vocab_trim:
       return without_order(params)
-    order = params[vocab_trim.IDS][:self.vocab_trim]
-    own = without_order(params)
-    head = vocab_trim.trimmed_head(*self.output_layer(params, target_params, target), order,
-                                   dtype=vocab_trim.weight_dtype(own))
-    return {**own, vocab_trim.TRIM: head}
+    head = self.kept_rows(params, target_params, target, params[vocab_trim.IDS][:self.vocab_trim])
+    return {**without_order(params), vocab_trim.TRIM: head}
+
+  def kept_rows(self, params, target_params, target: LlamaConfig, ids) -> dict:
+    """VocabTrim's rows of the output layer the drafter scores with, for the kept `ids`, in the
+    drafter's own weight dtype (a bfloat16 drafter reads a float32 target's rows in bfloat16):
+    what decoding reads (prepare) and the training objective too (train/heads.frozen_params)."""
+    return vocab_trim.trimmed_head(*self.output_layer(params, target_params, target), ids,
+                                   dtype=narrowest_float(without_order(params)))
 
   def output_layer(self, params, target_params, target: LlamaConfig) -> tuple[Any, LlamaConfig]:
     """(params, config) of the output layer the drafter scores with: the target's."""

@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from speculax.core.dtypes import floats_as
 from speculax.core.jsonfile import read_json_object, write_json_atomic
 from speculax.drafters import vocab_trim
 from speculax.models import distributed
@@ -50,7 +51,7 @@ def save_drafter(folder: str | os.PathLike, drafter, params, target: str,
     vocab_trim.check_order(vocab_ids, target_config.vocab_size, 1)
   with Checkpointer(folder / PARAMS, every=1, keep=1, async_save=False) as ck:
     if ck.latest_step() != step:  # every process saves its shards (params may span processes)
-      ck.save(step, _floats_as(params, dtype), force=True)
+      ck.save(step, floats_as(params, dtype), force=True)
   if not distributed.is_primary():  # the rest is one process's to write
     return folder / SPEC
   if vocab_ids is not None:
@@ -100,9 +101,9 @@ def load_drafter(folder: str | os.PathLike, cls: type, target_config: LlamaConfi
   drafter = cls(**fields, tree=tree)
   like = jax.eval_shape(lambda key: drafter.init_params(target_config, key), jax.random.key(0))
   with Checkpointer(folder / PARAMS, every=1, keep=1, async_save=False) as ck:
-    params = ck.restore(spec["step"], like=_floats_as(like, spec.get("dtype", "float32")))
-  params = _floats_as(params, decode_dtype(spec.get("dtype", "float32"),
-                                           target_config.runtime.param_dtype))
+    params = ck.restore(spec["step"], like=floats_as(like, spec.get("dtype", "float32")))
+  params = floats_as(params, decode_dtype(spec.get("dtype", "float32"),
+                                          target_config.runtime.param_dtype))
   if (folder / ORDER).is_file():
     order = vocab_trim.check_order(np.load(folder / ORDER), target_config.vocab_size, 1,
                                    where=str(folder / ORDER))
@@ -121,17 +122,6 @@ def decode_dtype(stored: str, target: str) -> str:
   tokens/s on a 2-core CPU); a bfloat16 target runs it in bfloat16 too. Trainers start from
   float32 copies (train/experiment.warm_start casts to the run's params)."""
   return "bfloat16" if "bfloat16" in (stored, target) else "float32"
-
-
-def _floats_as(tree, dtype: str):
-  """Every floating leaf (arrays or ShapeDtypeStructs) in `dtype`; others as they are."""
-  def cast(x):
-    if not jax.numpy.issubdtype(x.dtype, jax.numpy.floating):
-      return x
-    if isinstance(x, jax.ShapeDtypeStruct):
-      return jax.ShapeDtypeStruct(x.shape, dtype)
-    return x.astype(dtype)
-  return jax.tree.map(cast, tree)
 
 
 def _json(value):

@@ -71,13 +71,6 @@ def trimmed_head(head_params, config: LlamaConfig, ids: np.ndarray, dtype=None) 
   return {"ids": ids, "rows": rows if dtype is None else rows.astype(dtype)}
 
 
-def weight_dtype(params):
-  """The dtype of a drafter's own floating weights (None: it has none, as layer skip)."""
-  floats = [x.dtype for x in jax.tree.leaves(params)
-            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
-  return min(floats, key=lambda d: jnp.dtype(d).itemsize) if floats else None
-
-
 def trimmed_logits(trim: dict, features: jax.Array, vocab_size: int | None = None) -> jax.Array:
   """Final-normed features [..., d] -> logits [..., v] float32, -inf outside the kept ids; with
   no vocab_size, the kept ids' logits alone [..., n] (training, which scores in that space)."""

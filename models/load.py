@@ -10,9 +10,7 @@ import dataclasses
 import pathlib
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-
+from speculax.core.dtypes import floats_as
 from speculax.models import assets
 from speculax.models.config import (PRECISIONS, PRESETS, AttentionImpl, DType, LlamaConfig,
                                      Runtime, get_preset)
@@ -87,8 +85,7 @@ def with_precision(model: LoadedModel, name: str) -> LoadedModel:
   if name not in PRECISIONS:
     raise ValueError(f"unknown precision {name!r}; known: {sorted(PRECISIONS)}")
   dtypes = {"dtype": "float32", "param_dtype": "float32", "cache_dtype": None, **PRECISIONS[name]}
-  cast = lambda x: x.astype(dtypes["param_dtype"]) if jnp.issubdtype(x.dtype, jnp.floating) else x
-  return dataclasses.replace(model, params=jax.tree.map(cast, model.params),
+  return dataclasses.replace(model, params=floats_as(model.params, dtypes["param_dtype"]),
                              config=model.config.with_runtime(**dtypes))
 
 

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculax.core.dtypes import floats_as
 from speculax.core.fields import Checked, field
 from speculax.models.checkpoints import Checkpointer
 from speculax.models.config import LlamaConfig
@@ -91,9 +92,7 @@ class OnlineLearner:
     self.config, self.online, self.cfg = config, online, online.distill()
     # Learns in the draft config's weight dtype: a draft model stored in bfloat16 decodes in it
     # beside a float32 target (drafters/heads_io.decode_dtype) but trains float32 weights here.
-    wide = lambda x: (x.astype(config.runtime.param_dtype)
-                      if jnp.issubdtype(x.dtype, jnp.floating) else x)
-    self.state = init_state(jax.tree.map(wide, params), self.cfg)
+    self.state = init_state(floats_as(params, config.runtime.param_dtype), self.cfg)
     self.buffer = ReplayBuffer(online.buffer_size, online.seq_len, online.top_k,
                                online.buffer_policy, online.seed)
     self.heldout = ReplayBuffer(online.heldout_size, online.seq_len, online.top_k)

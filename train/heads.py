@@ -105,6 +105,6 @@ def frozen_params(drafter: Drafter, params, target_params, config, order) -> dic
   if not drafter.vocab_trim:
     return target_params
   ids = vocab_trim.check_order(order, config.vocab_size, drafter.vocab_trim)
-  head = vocab_trim.trimmed_head(*drafter.output_layer(params, target_params, config),
-                                 ids[:drafter.vocab_trim], dtype=vocab_trim.weight_dtype(params))
-  return {**target_params, vocab_trim.TRIM: head}
+  return {**target_params,
+          vocab_trim.TRIM: drafter.kept_rows(params, target_params, config,
+                                             ids[:drafter.vocab_trim])}
