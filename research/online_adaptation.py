@@ -199,7 +199,7 @@ def main():
                 r["tokens_per_s"], r["speedup"]] for r in summary]))
   results.write_text(json.dumps(dict(machine=machine(), args=vars(args), ar_tokens_per_s=ar,
                                      warm_heldout_acceptance=warm_acc,
-                                     summary=summary, batches=rows), indent=1))
+                                     summary=summary, batches=rows), indent=1, default=str))
   plot(rows, results.with_suffix(".png"))
   print(f"\nwrote {results}, {results.with_suffix('.png')} and {stream}")
 
