@@ -145,13 +145,16 @@ def verify_cost(target: LoadedModel, sizes: Sizes, precision: str) -> dict:
           "cost": {t: s / seconds[1] for t, s in seconds.items()}}
 
 
-def loops(target: LoadedModel, sizes: Sizes, precision: str, trace: pathlib.Path | None = None):
+def loops(target: LoadedModel, sizes: Sizes, precision: str, trace: pathlib.Path | None = None,
+          names: tuple[str, ...] = ()):
   """Yields a row per batch, attention and loop: median ms per loop step (prefill apart) over
   interleaved rounds, tau, and whether its tokens equal the XLA autoregressive loop's. The
   goodput loop (k <= 4) runs with step costs forcing one length on every step, so it decodes
   exactly what the fixed loop of that length does: the gap is its bookkeeping. With `trace`,
   one more run of fixed k = 1 and of goodput forced to k' = 1 under the profiler (a perfetto
-  trace each under trace/), their rows then holding research/trace_summary's reading of it."""
+  trace each under trace/), their rows then holding research/trace_summary's reading of it.
+  names: only the loops of these names (both attentions where both run), and the XLA
+  autoregressive loop, the reference; () every loop."""
   kernel = "pallas-interpret" if sizes.interpret else "pallas"
   base = SpecConfig(k=4, max_new_tokens=sizes.new_tokens, eos_ids=())
   lookup = PromptLookup()
@@ -167,14 +170,22 @@ def loops(target: LoadedModel, sizes: Sizes, precision: str, trace: pathlib.Path
     for impl, c in (("xla", model.config), (kernel, pallas)):
       runs[impl, "prompt lookup k=4"] = lambda c=c: speculative_generate(
           p, c, prompts, lookup, base, warmup=True)
+    unknown = sorted(set(names) - {name for _, name in runs})
+    if unknown:  # raised before anything compiles
+      raise ValueError(f"no loop named {unknown[0]!r}; the loops: "
+                       f"{', '.join(dict.fromkeys(name for _, name in runs))}")
+    if names:
+      runs = {key: run for key, run in runs.items()
+              if key[1] in names or key == ("xla", "autoregressive")}
     step_ms, outs = goodput_overhead.interleaved(runs, sizes.loop_rounds)
     traced = {} if trace is None else {
-        key: traced_run(runs[key], trace / f"b{batch}-{folder}") for key, folder in TRACED}
+        key: traced_run(runs[key], trace / f"b{batch}-{folder}") for key, folder in TRACED
+        if key in runs}
     reference = outs["xla", "autoregressive"].tokens
     for (impl, name), out in outs.items():
       ms = float(np.median(step_ms[impl, name]))
       row = dict(batch=batch, attention=impl, loop=name, step_ms=ms, rounds_ms=step_ms[impl, name],
-                 tau=out.step_tokens / out.row_steps if out.row_steps else 1.0,
+                 tau=out.tau,
                  k_steps=None if out.k_steps is None else out.k_steps.tolist(),
                  k_changes=out.k_changes,
                  same_as_ar=sum(a == b for a, b in zip(out.tokens, reference)), sequences=batch,
@@ -324,6 +335,10 @@ def main(argv=None):
   ap.add_argument("--budget-min", type=float, default=18.0,
                   help="the drafter section starts only with this much of the run left")
   ap.add_argument("--drafters-dir", type=pathlib.Path, default=pathlib.Path("results/drafters"))
+  ap.add_argument("--loop-rows", default="", metavar="NAME;NAME",
+                  help="the loops section runs only these loops (as its table names them) beside "
+                       "autoregressive decoding, e.g. 'goodput free, chain;goodput free, switch' "
+                       "(';'-separated: the names hold commas); default every loop")
   ap.add_argument("--trace", type=pathlib.Path, default=None, metavar="DIR",
                   help="the loops section also traces fixed k = 1 and goodput forced to k' = 1 "
                        "once each under the profiler into DIR (research/trace_summary.py)")
@@ -351,7 +366,8 @@ def main(argv=None):
     sections = {"autoregressive": lambda: autoregressive(target, sizes),
                 "verify": lambda: verify_cost(target, sizes, args.precision),
                 "attention": lambda: kernel_vs_xla(sizes),
-                "loops": lambda: loops(target, sizes, args.precision, args.trace),
+                "loops": lambda: loops(target, sizes, args.precision, args.trace,
+                                       tuple(n for n in args.loop_rows.split(";") if n)),
                 "training": lambda: training_throughput(target, sizes, pathlib.Path(tmp)),
                 "drafters": lambda: drafters(target, sizes, args)}
     for name in args.sections.split(","):

@@ -138,3 +138,20 @@ def test_the_drafters_section_decodes_with_the_attention_it_is_given(tmp_path, m
     accelerator_suite.main(["--smoke", "--sections", "drafters", "--results",
                             str(tmp_path / "s.json"), *extra])
   assert seen == [("xla", "xla"), ("pallas-interpret", "pallas-interpret")]
+
+
+def test_the_loops_section_runs_the_loops_named(tmp_path):
+  """--loop-rows: a GPU session short of device time runs only the loops it came for, beside the
+  autoregressive reference; a name the section does not have is refused before any compile."""
+  path = str(tmp_path / "s.json")
+  results = accelerator_suite.main(["--smoke", "--sections", "loops", "--results", path,
+                                    "--loop-rows", "goodput free, chain;prompt lookup k=4"])
+  assert results["errors"] == {}
+  assert {(r["attention"], r["loop"]) for r in results["sections"]["loops"]} == {
+      ("xla", "autoregressive"), ("xla", "goodput free, chain"), ("xla", "prompt lookup k=4"),
+      ("pallas-interpret", "prompt lookup k=4")}
+  assert {r["batch"] for r in results["sections"]["loops"]} == set(accelerator_suite.SMOKE.batches)
+  results = accelerator_suite.main(["--smoke", "--sections", "loops", "--results", path,
+                                    "--loop-rows", "goodput free"])
+  assert "no loop named 'goodput free'" in results["errors"]["loops"]
+  assert results["sections"]["loops"] == []
