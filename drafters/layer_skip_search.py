@@ -105,7 +105,7 @@ def _check_inputs(params, config: LlamaConfig, calibration, k: int, max_skip_fra
   return seqs
 
 
-def _pack(seqs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def pack_rows(seqs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
   """Right-pads to one length: tokens [b, t] int32 and valid [b, t] bool. Causal attention
   keeps the padding out of every valid position."""
   t = max(s.size for s in seqs)
@@ -118,7 +118,7 @@ def _pack(seqs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _top1(params, config: LlamaConfig, tokens, keep):  # -> [b, t] int32
+def top1(params, config: LlamaConfig, tokens, keep):  # -> [b, t] int32
   """Argmax next token at every position of the model that runs only the `keep` [l] layers."""
   positions = llama.row_positions(*tokens.shape)
   logits, _, _ = llama.forward(params, config, tokens, positions, layer_mask=keep)
@@ -143,14 +143,14 @@ def search_skip_set(params, config: LlamaConfig, calibration: list[list[int]], *
   beat autoregressive decoding (speedup <= 1), it warns.
   """
   seqs = _check_inputs(params, config, calibration, k, max_skip_fraction, cost_floor)
-  tokens, valid = _pack(seqs)
+  tokens, valid = pack_rows(seqs)
   n = config.n_layers
   n_valid = int(valid.sum())
   tokens_dev = jnp.asarray(tokens)
-  reference = np.asarray(_top1(params, config, tokens_dev, jnp.ones(n, bool)))
+  reference = np.asarray(top1(params, config, tokens_dev, jnp.ones(n, bool)))
 
   def agreement(skip) -> float:
-    pred = np.asarray(_top1(params, config, tokens_dev, jnp.asarray(_keep_mask(n, skip))))
+    pred = np.asarray(top1(params, config, tokens_dev, jnp.asarray(_keep_mask(n, skip))))
     return float(((pred == reference) & valid).sum()) / n_valid
 
   def record(skip, agree) -> SkipRound:
