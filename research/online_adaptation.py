@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import pathlib
 
 import jax
 import numpy as np
@@ -59,17 +60,17 @@ def build_stream(n: int) -> list[dict]:
   return [{"prompt": p, "chat": True, "phase": name} for name, ps in phases for p in ps]
 
 
-def warm_draft(model, layers, steps: int):
+def warm_draft(model, layers, steps: int, folder: pathlib.Path):
   """The draft cut from `layers`, after `steps` offline fkl updates on raw stdlib code (cached
-  under runs/online_adaptation, so a rerun reuses it): (config, params, held-out 1 - TV)."""
+  under `folder`, so a rerun reuses it): (config, params, held-out 1 - TV)."""
   if steps == 0:
     return (*truncated(model.params, model.config, layers), float("nan"))
   exp = DistillExperiment(
       name=f"warm-{'-'.join(map(str, layers))}", draft_layers=layers,
-      out_dir="runs/online_adaptation",
+      out_dir=str(folder),
       data=DataConfig(files=60, seq_len=128, rows=160, heldout_rows=16, top_k=32),
       distill=DistillConfig(batch_size=4, optim=OptimConfig(
-          learning_rate=1e-3, warmup_steps=max(steps // 10, 1), total_steps=steps)),
+          learning_rate=1e-3, warmup_steps=steps // 10, total_steps=steps)),
       checkpoint_every=steps, eval_every=steps)
   result = run(exp, model=model)
   return result["draft_config"], result["state"].params, result["heldout_acceptance_after"]
@@ -143,7 +144,7 @@ def _spans(batches):
   return spans
 
 
-def main():
+def main(argv: list[str] | None = None) -> None:
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--phase-requests", type=int, default=24, help="requests per phase")
@@ -162,7 +163,7 @@ def main():
   ap.add_argument("--all-positions", action="store_true")
   ap.add_argument("--ar-batches", type=int, default=1, help="AR baseline batches per phase")
   add_target_and_out(ap)
-  args = ap.parse_args()
+  args = ap.parse_args(argv)
   results, stream = args.out / "online_adaptation.json", args.out / "online_stream.jsonl"
 
   model = load(args.model)
@@ -172,7 +173,7 @@ def main():
   spec = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, prompt_bucket=128,
                     sampling=SamplingConfig(args.temperature))
   layers = tuple(int(x) for x in args.draft_layers.split(","))
-  dcfg, dparams, warm_acc = warm_draft(model, layers, args.warm_steps)
+  dcfg, dparams, warm_acc = warm_draft(model, layers, args.warm_steps, args.out / "warm")
   online = OnlineConfig(divergence=args.divergence, update_every=args.update_every,
                         steps=args.steps, learning_rate=args.lr, seq_len=args.seq_len,
                         all_positions=args.all_positions)
@@ -187,7 +188,7 @@ def main():
   tail = max(1, args.update_every // args.batch)
   summary = summarize(rows, ar, tail)
   learner = methods["online draft"][2]
-  print(f"\nSmolLM2-135M fp32 target, draft = layers {layers} of it, warmed {args.warm_steps} "
+  print(f"\n{args.model} target, draft = layers {layers} of it, warmed {args.warm_steps} "
         f"updates offline (held-out 1 - TV {warm_acc:.3f}); {len(items)} requests in "
         f"batches of {args.batch}, {args.new_tokens} new tokens, k={args.k}, temperature "
         f"{args.temperature}; online: {args.divergence}, {args.steps} updates (lr {args.lr}) "
