@@ -88,7 +88,7 @@ def peer_row(hf, calls, panel: list[dict], ours: list[list[int]], ids, cfg: Benc
               speedup=n_tokens / wall / base, speedup_per_tau=n_tokens / wall / base / tau)
 
 
-def main():
+def main(argv: list[str] | None = None) -> None:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--prompts", type=int, default=8, help="held-out HumanEval prompts at batch 1")
   ap.add_argument("--new-tokens", type=int, default=128)
@@ -97,12 +97,12 @@ def main():
   ap.add_argument("--skip-layers", default=None,
                   help="layer skip's skipped layers, e.g. 14; default: search on 4 prompts")
   add_target_and_out(ap)
-  args = ap.parse_args()
+  args = ap.parse_args(argv)
   skip = None if args.skip_layers is None else tuple(int(x) for x in args.skip_layers.split(","))
   model = load(args.model)
   ids = suites.encode(model.tokenizer, suites.suite("humaneval", max(
       args.prompts, *(int(b) for b in args.batch_sizes.split(",")))))
-  hf, calls = hf_model(), []
+  hf, calls = hf_model(args.model), []
   hf.register_forward_hook(lambda *_: calls.append(1))
   hf_limit = _hf_batch_limit(hf, ids, args.k, calls)
   print(f"transformers prompt lookup at batch > 1: {hf_limit or 'supported'}", flush=True)

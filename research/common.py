@@ -117,13 +117,17 @@ def median(xs) -> float:
   return statistics.median(xs)
 
 
-def hf_model():
-  """SmolLM2-135M-Instruct in transformers (torch, fp32, CPU) from the same GGUF: the peer."""
+def hf_model(name_or_path: str = "smollm2-135m"):
+  """The target `load(name_or_path)` reads, in transformers (torch, fp32, CPU) from the same
+  file: the peer. A checkpoint preset reads its GGUF, a .gguf file itself, else a Hugging Face
+  folder."""
   import torch
   import transformers
 
-  from speculax.models.assets import smollm2_gguf_path
-  path = smollm2_gguf_path()
+  from speculax.models.load import CHECKPOINT_PRESETS
+  path = (CHECKPOINT_PRESETS[name_or_path]() if name_or_path in CHECKPOINT_PRESETS
+          else pathlib.Path(name_or_path))
+  gguf = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
   model = transformers.AutoModelForCausalLM.from_pretrained(
-      path.parent, gguf_file=path.name, dtype=torch.float32)
+      path.parent if gguf else path, dtype=torch.float32, **gguf)
   return model.eval()
