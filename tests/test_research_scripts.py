@@ -1,6 +1,7 @@
-"""The research scripts that had no test run end to end on the tiny chat target: each writes the
-JSON its README table comes from (research/online_adaptation.py once printed its table, then
-failed writing it; bench_autoregressive failed after its first repeat)."""
+"""Research scripts run end to end on the tiny chat target: each writes the JSON its README table
+comes from (research/online_adaptation.py once printed its table, then failed writing it;
+bench_autoregressive failed after its first repeat). Not here: bench_self_speculation and
+bf16_agreement (SmolLM2 and its shipped drafters by design) and distillspec (six training runs)."""
 import json
 import subprocess
 import sys
