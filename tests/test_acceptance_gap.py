@@ -5,11 +5,11 @@ a draft model equal to the target scores 1."""
 import dataclasses
 import types
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from speculax.core.dtypes import floats_as
 from speculax.decode.config import SpecConfig
 from speculax.decode.speculative import speculative_generate
 from speculax.drafters import vocab_trim
@@ -33,7 +33,7 @@ def _drafters(cfg, params):
   trimmed = dataclasses.replace(eagle, vocab_trim=cfg.vocab_size // 2)
   e = eagle_params(cfg, params, eagle)
   hydra = Hydra(3)
-  bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), e)  # as a bf16-stored drafter decodes
+  bf16 = floats_as(e, jnp.bfloat16)  # as a bf16-stored drafter decodes
   return {"eagle": (eagle, e), "eagle-trimmed": (trimmed, {**e, vocab_trim.IDS: order}),
           "eagle-trimmed-bf16": (trimmed, {**bf16, vocab_trim.IDS: order}),
           "medusa": (Medusa(4), _random_heads(cfg)), "hydra": (hydra, random_params(hydra, cfg)),

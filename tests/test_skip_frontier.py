@@ -9,16 +9,12 @@ import pytest
 
 from speculax.models import llama
 from speculax.research import skip_frontier as sf
-from test_layer_skip_search import CFG, RESIDUAL_SCALE
+from test_layer_skip_search import CFG, model  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="module")
-def params():
-  params = llama.init_params(CFG, jax.random.key(1))
-  scale = jnp.asarray(RESIDUAL_SCALE)
-  return {**params, "layers": {**params["layers"],
-                               "o": params["layers"]["o"] * scale[:, None, None, None],
-                               "down": params["layers"]["down"] * scale[:, None, None]}}
+def params(model):  # the search tests' target: layers that matter unequally
+  return model[1]
 
 
 @pytest.fixture(scope="module")
