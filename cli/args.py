@@ -15,6 +15,7 @@ from speculax.bench import methods
 from speculax.core import multi_draft
 from speculax.core.trees import parse_tree
 from speculax.drafters import registry
+from speculax.drafters.layer_skip import DRAFT_DTYPES
 from speculax.models.config import AttentionImpl
 
 
@@ -59,6 +60,9 @@ def add_drafter(p: argparse.ArgumentParser, default: str, allow_none: bool, k: i
   p.add_argument("--adapt", type=count(1), default=None, metavar="N",
                  help="layer-skip: also carry N more skip sets from the search and switch among "
                       "them on the fly by measured acceptance per draft cost (SWIFT-style)")
+  p.add_argument("--draft-dtype", default=None, choices=DRAFT_DTYPES,
+                 help="layer-skip: the drafts read a copy of the kept layers and output layer in "
+                      "this dtype (the verify reads the target's own; default: the target's)")
   p.add_argument("--draft-model", default=None,
                  help="draft-model: a preset, .gguf file, HF folder or distilled run folder "
                       "sharing the target's vocabulary (default: the target's first "
@@ -103,6 +107,7 @@ def drafter_options(args) -> tuple[dict, dict]:
   skip = None if args.skip is None else ints(args.skip, "--skip")
   options = {"tree": args.tree, "heads": args.heads, "skip": skip, "draft": args.draft_model,
              "draft_layers": args.draft_layers, "adapt": args.adapt,
+             "draft_dtype": args.draft_dtype,
              "max_ngram": args.max_ngram, "min_ngram": args.min_ngram,
              "vocab_trim": args.vocab_trim, "vocab_ids": args.vocab_ids,
              "exit_threshold": args.exit_threshold, "lookup": args.lookup}

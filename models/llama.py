@@ -241,10 +241,16 @@ def unstack_layers(params: Params) -> Params:
   transposed copy of the weights; the stacked form as loaded stays canonical (training,
   checkpoints, sharding rules).
   """
+  n = jax.tree.leaves(params["layers"])[0].shape[0]
+  return {**params, "layers": tuple(decoding_layer(params, i) for i in range(n))}
+
+
+def decoding_layer(params: Params, i: int) -> dict:
+  """Layer i's params in decoding's form (`layer_tables`), from stacked or unstacked params."""
   layers = params["layers"]
-  n = jax.tree.leaves(layers)[0].shape[0]
-  return {**params, "layers": tuple(layer_tables({name: w[i] for name, w in layers.items()})
-                                    for i in range(n))}
+  if isinstance(layers, tuple):
+    return layers[i]
+  return layer_tables({name: w[i] for name, w in layers.items()})
 
 
 def layer_tables(layer: dict) -> dict:

@@ -1,16 +1,21 @@
 """bf16 decoding (models/config.PRECISIONS): bf16 weights, and a bf16 KV cache, with logits and
 sampling in float32; speculative output equals autoregressive output in the same precision.
+Layer skip drafting from a bf16 (or float16) copy of a float32 target's weights keeps the
+float32 target's output.
 
 (With bf16 weights alone a verify forward and a one-token step agree to float32 rounding, as in
 float32. A bf16 cache or bf16 activations round the two paths differently, so on a near tie
 greedy output can part: tested here on the tiny model, whose ties are rare, and measured on
 SmolLM2 by research/bf16_agreement.py.)
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from speculax.core.trees import DynamicTree
+from speculax.core.trees import DynamicTree, StaticTree
 from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.speculative import speculative_generate
@@ -18,6 +23,7 @@ from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.eagle import Eagle
 from speculax.drafters.layer_skip import LayerSkip
 from speculax.drafters.prompt_lookup import PromptLookup
+from speculax.drafters import registry, vocab_trim
 from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models import llama
 from speculax.models.kvcache import KVCache
@@ -98,6 +104,67 @@ def test_bad_precision_is_refused_before_loading():
     load("no-such-model", cache_dtype="int8")
   with pytest.raises(ValueError, match="unknown precision 'fp8'; known: "):
     with_precision(LoadedModel(None, {}, None), "fp8")
+
+
+@pytest.mark.parametrize("dtype,form", [("bfloat16", "chain"), ("bfloat16", "tree"),
+                                        ("float16", "trimmed")])
+def test_layer_skip_drafting_in_lower_precision_keeps_the_float32_output(tiny, tiny_reference,
+                                                                         dtype, form):
+  cfg, params = tiny
+  tree = StaticTree.full((2, 2)) if form == "tree" else None
+  # Every layer kept: the model itself drafts, rounded (on the tiny random model a skipped layer
+  # leaves few drafts to keep: tau 1.17 at k = 3 skipping layer 0, in float32 and rounded alike).
+  drafter, dparams = registry.make("layer-skip", params, cfg, skip=(), tree=tree,
+                                   draft_dtype=dtype)
+  if form == "trimmed":
+    drafter = dataclasses.replace(drafter, vocab_trim=24)
+    dparams = {vocab_trim.IDS: vocab_trim.frequency_order(tiny_reference, cfg.vocab_size)}
+  out = speculative_generate(params, cfg, PROMPTS[:4], drafter,
+                             SpecConfig(k=3, max_new_tokens=NEW), drafter_params=dparams)
+  assert out.tokens == tiny_reference[:4]
+  assert out.tau > 2.5
+
+
+@pytest.mark.parametrize("trim", [0, 24])
+def test_layer_skip_draft_weights_are_the_kept_layers_rounded(tiny, tiny_reference, trim):
+  cfg, params = tiny
+  drafter = dataclasses.replace(LayerSkip.skipping(cfg.n_layers, (0,), draft_dtype="bfloat16"),
+                                vocab_trim=trim)
+  order = vocab_trim.frequency_order(tiny_reference, cfg.vocab_size)
+  prepared = drafter.prepare({vocab_trim.IDS: order} if trim else None, params, cfg)
+  assert sorted(prepared["layers"]) == list(drafter.keep) != list(range(cfg.n_layers))
+  for i in drafter.keep:
+    want = jax.tree.leaves(llama.decoding_layer(params, i))
+    got = jax.tree.leaves(prepared["layers"][i])
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+      assert a.dtype == jnp.bfloat16 and a.shape == b.shape
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b.astype(jnp.bfloat16)))
+  head = prepared[vocab_trim.TRIM]["rows"] if trim else prepared["head"]["embed"]
+  want = params["embed"][np.sort(order[:trim])] if trim else params["embed"]
+  np.testing.assert_array_equal(np.asarray(head), np.asarray(want.astype(jnp.bfloat16)))
+
+
+def test_layer_skip_in_bf16_drafts_from_its_copy(tiny, tiny_reference, monkeypatch):
+  """With the copy's layers zeroed the drafts are the embedding read back through the head:
+  still lossless, far fewer kept. So the drafts read the copy, not the target's weights."""
+  cfg, params = tiny
+  drafter = LayerSkip.skipping(cfg.n_layers, (), draft_dtype="bfloat16")
+  run = lambda: speculative_generate(params, cfg, PROMPTS[:4], drafter,
+                                     SpecConfig(k=3, max_new_tokens=NEW))
+  copied = run()
+  prepare = LayerSkip.prepare
+  monkeypatch.setattr(LayerSkip, "prepare", lambda self, *args: (
+      lambda p: {**p, "layers": jax.tree.map(jnp.zeros_like, p["layers"])})(prepare(self, *args)))
+  zeroed = run()
+  assert copied.tokens == zeroed.tokens == tiny_reference[:4]
+  assert zeroed.tau < copied.tau - 1
+
+
+def test_bad_layer_skip_draft_dtype_is_refused(tiny):
+  cfg, params = tiny
+  with pytest.raises(ValueError, match="draft_dtype must be one of .*got 'int8'"):
+    registry.make("layer-skip", params, cfg, skip=(0,), draft_dtype="int8")
 
 
 @pytest.mark.slow
