@@ -185,6 +185,8 @@ def test_malformed_input_exits_2_with_one_line(capsys, tmp_path, argv, message):
 @pytest.mark.slow
 @pytest.mark.parametrize("drafter, flags", [("none", []), ("prompt-lookup", []),
                                             ("token-recycling", ["--dtype", "bfloat16"]),
+                                            ("layer-skip", ["--skip", "14",
+                                                            "--draft-dtype", "bfloat16"]),
                                             ("draft-model", ["--pearl", "two-device",
                                                              "--draft-layers", "2"])])
 def test_generate_chat_prompt_on_smollm2(capsys, drafter, flags):
