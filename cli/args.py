@@ -56,7 +56,8 @@ def add_drafter(p: argparse.ArgumentParser, default: str, allow_none: bool, k: i
                  help="prompt-lookup: shortest n-gram matched (default 1)")
   p.add_argument("--skip", default=None, metavar="I,J,...",
                  help="layer-skip: target layers the drafter skips (default: searched on the "
-                      "first 4 HumanEval prompts)")
+                      "first 4 HumanEval prompts; '' skips none: with --draft-dtype the target "
+                      "drafts from its own copy)")
   p.add_argument("--adapt", type=count(1), default=None, metavar="N",
                  help="layer-skip: also carry N more skip sets from the search and switch among "
                       "them on the fly by measured acceptance per draft cost (SWIFT-style)")
