@@ -16,8 +16,9 @@ The choice is one `lax.switch` inside the jitted loop: only the chosen set's lay
 In lower precision (`draft_dtype`, QSpec-style): the drafts read a copy of the kept layers and
 the output layer in that dtype, made once per call (`prepare`), while the verify forward reads
 the target's own weights, so output stays the target's. A one-token pass reads half the bytes
-in bfloat16 (on a 2-core CPU a SmolLM2 forward 20.2 ms against 25.1 in float32), and the
-drafts part from the float32 model's only where rounding tips a near tie.
+in bfloat16 (on a 2-core CPU a SmolLM2 forward 20.2 ms against 25.1 in float32), a quarter in
+int8 (each table row scaled to 127, models/tables.Q8; norms stay float32), and the drafts part
+from the float32 model's only where rounding tips a near tie.
 """
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ from speculax.drafters.layer_skip_search import estimated_speedup, search_skip_s
 from speculax.drafters.tree_draft import draft_tree
 from speculax.models import llama
 from speculax.models.kvcache import KVCache
+from speculax.models.tables import Q8, Table, table_dot
 
-DRAFT_DTYPES = ("bfloat16", "float16")
+DRAFT_DTYPES = ("bfloat16", "float16", "int8")
 DECAY = 0.95  # weight of older measurements per step (recent context counts most)
 PRIOR = 2.0  # pseudo-drafts, all kept, behind every set's estimate (optimism: try each)
 
@@ -75,8 +77,8 @@ class LayerSkip(Drafter):
   # forward is memory-bound (a GPU); more where a k + 1 token block costs compute (1.70 for 6
   # tokens on a 2-core CPU; research.common.verify_cost measures it).
   verify_cost: float = field(1.0, gt=0)
-  # The dtype of the weights the drafts read ("bfloat16": a copy of the kept layers and the
-  # output layer, made in `prepare`; None: the target's own weights).
+  # The dtype of the weights the drafts read ("bfloat16", "int8": a copy of the kept layers and
+  # the output layer, made in `prepare`; None: the target's own weights).
   draft_dtype: str | None = None
 
   def __post_init__(self):
@@ -152,13 +154,16 @@ class LayerSkip(Drafter):
 
   def kept_rows(self, params, target_params, target, ids) -> dict:
     rows = super().kept_rows(params, target_params, target, ids)
-    return rows if self.draft_dtype is None else floats_as(rows, self.draft_dtype)
+    if self.draft_dtype is None:
+      return rows
+    return {**rows, "rows": _lowered(rows["rows"], self.draft_dtype)}
 
-  def output_layer(self, params, target_params, target):
-    """The target's output layer, or on prepared params its copy in draft_dtype."""
+  def output(self, params, target_params, target):
+    """The target's output layer (or VocabTrim's rows), or on prepared params with draft_dtype
+    and the whole vocabulary its copy, a table [v, d]."""
     if isinstance(params, dict) and "head" in params:
-      return params["head"], target
-    return target_params, target
+      return lambda features: table_dot(features, params["head"]).astype(jnp.float32)
+    return super().output(params, target_params, target)
 
   def init(self, params, view: TargetView, config, max_len: int):
     if not self.alternatives:
@@ -224,12 +229,28 @@ class LayerSkip(Drafter):
 
 @functools.partial(jax.jit, static_argnames=("used", "dtype", "head"))
 def _copy(target_params, used: tuple[int, ...], dtype: str, head: str | None) -> dict:
-  """The `used` layers in decoding's form and the output layer `head` (None: none), in dtype.
-  Jitted: eagerly, SmolLM2's 30 layers took 0.31-0.36 s a call, compiled 0.07-0.12 s."""
-  copy = {"layers": {i: floats_as(llama.decoding_layer(target_params, i), dtype) for i in used}}
+  """The `used` layers in decoding's form and the output layer `head` (None: none) as a table
+  [v, d], in dtype. Jitted: eagerly, SmolLM2's 30 layers took 0.31-0.36 s a call, compiled
+  0.07-0.12 s."""
+  copy = {"layers": {i: _lowered_layer(llama.decoding_layer(target_params, i), dtype)
+                     for i in used}}
   if head is not None:
-    copy["head"] = {head: target_params[head].astype(dtype)}
+    table = target_params["embed"] if head == "embed" else target_params["lm_head"].T
+    copy["head"] = _lowered(table, dtype)
   return copy
+
+
+def _lowered(table: jax.Array, dtype: str) -> jax.Array | Q8:
+  """A table of output rows [v, d] in dtype (int8: a scale per row)."""
+  return Q8.of(table) if dtype == "int8" else table.astype(dtype)
+
+
+def _lowered_layer(layer: dict, dtype: str) -> dict:
+  """A decoding layer in dtype: every float cast, or in int8 its tables (norms and biases stay)."""
+  if dtype != "int8":
+    return floats_as(layer, dtype)
+  return {name: w.replace(rows=Q8.of(w.rows)) if isinstance(w, Table) else w
+          for name, w in layer.items()}
 
 
 def _keep(n_layers: int, skip) -> tuple[int, ...]:

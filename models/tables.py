@@ -40,14 +40,37 @@ def slices(v: int) -> int:
   return min(divisors, key=lambda n: (abs(math.log(v / n / SLICE_ROWS)), n))
 
 
-def table_dot(features: jax.Array, table: jax.Array) -> jax.Array:
-  """features [..., d] . table [v, d] over d -> [..., v] (in both dtypes' result type).
+@flax.struct.dataclass
+class Q8:
+  """A table [v, d] in int8 with a float32 scale per row (symmetric, round to nearest): a
+  quarter of float32's bytes, for drafts that read a copy of the target's weights."""
+  rows: jax.Array  # [v, d] int8
+  scale: jax.Array  # [v] float32: row i is rows[i] * scale[i]
+
+  @classmethod
+  def of(cls, table: jax.Array) -> Q8:
+    """table [v, d] quantized row by row (each row's largest magnitude to 127)."""
+    table = table.astype(jnp.float32)
+    peak = jnp.max(jnp.abs(table), axis=1)  # [v]
+    scale = jnp.where(peak > 0, peak / 127, 1.0)
+    return cls(jnp.round(table / scale[:, None]).astype(jnp.int8), scale)
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return self.rows.shape
+
+
+def table_dot(features: jax.Array, table: jax.Array | Q8) -> jax.Array:
+  """features [..., d] . table [v, d] over d -> [..., v] (in both dtypes' result type; a Q8
+  table's products scaled row by row, float32).
 
   On the CPU (chosen when lowering, `platform_dependent`, so a CPU machine can still lower this
-  for an accelerator), up to `rows_cpu.MAX_ROWS` rows against a float32 or bfloat16 table go to
-  the rows kernel (models/kernels/rows_cpu.py), and up to MAX_SLICED_ROWS otherwise to the sliced
-  form; other backends, and more rows, get one einsum.
+  for an accelerator), up to `rows_cpu.MAX_ROWS` rows against a float32, bfloat16 or int8 table
+  go to the rows kernel (models/kernels/rows_cpu.py), and up to MAX_SLICED_ROWS otherwise to the
+  sliced form; other backends, and more rows, get one einsum.
   """
+  if isinstance(table, Q8):
+    return table_dot(features.astype(jnp.float32), table.rows) * table.scale
   m = math.prod(features.shape[:-1])
   if m > MAX_SLICED_ROWS:
     return _one_dot(features, table)

@@ -1,6 +1,6 @@
 """bf16 decoding (models/config.PRECISIONS): bf16 weights, and a bf16 KV cache, with logits and
 sampling in float32; speculative output equals autoregressive output in the same precision.
-Layer skip drafting from a bf16 (or float16) copy of a float32 target's weights keeps the
+Layer skip drafting from a bf16 (float16, int8) copy of a float32 target's weights keeps the
 float32 target's output.
 
 (With bf16 weights alone a verify forward and a one-token step agree to float32 rounding, as in
@@ -28,6 +28,7 @@ from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models import llama
 from speculax.models.kvcache import KVCache
 from speculax.models.load import LoadedModel, load, with_precision
+from speculax.models.tables import Q8, Table
 
 from tiny_prompts import NEW, PROMPTS
 
@@ -107,7 +108,8 @@ def test_bad_precision_is_refused_before_loading():
 
 
 @pytest.mark.parametrize("dtype,form", [("bfloat16", "chain"), ("bfloat16", "tree"),
-                                        ("float16", "trimmed")])
+                                        ("float16", "trimmed"), ("int8", "chain"),
+                                        ("int8", "trimmed")])
 def test_layer_skip_drafting_in_lower_precision_keeps_the_float32_output(tiny, tiny_reference,
                                                                          dtype, form):
   cfg, params = tiny
@@ -125,24 +127,40 @@ def test_layer_skip_drafting_in_lower_precision_keeps_the_float32_output(tiny, t
   assert out.tau > 2.5
 
 
+def _rounded(x, dtype) -> np.ndarray:
+  """What a copy in dtype holds of x, as float32 (int8: a table rounded row by row)."""
+  if dtype == "int8":
+    q = Q8.of(x)
+    return np.asarray(q.rows, np.float32) * np.asarray(q.scale)[:, None]
+  return np.asarray(x.astype(dtype).astype(jnp.float32))
+
+
 @pytest.mark.parametrize("trim", [0, 24])
-def test_layer_skip_draft_weights_are_the_kept_layers_rounded(tiny, tiny_reference, trim):
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_layer_skip_draft_weights_are_the_kept_layers_rounded(tiny, tiny_reference, trim, dtype):
+  """bfloat16: every weight of a kept layer cast; int8: its tables (Q8), norms as they are."""
   cfg, params = tiny
-  drafter = dataclasses.replace(LayerSkip.skipping(cfg.n_layers, (0,), draft_dtype="bfloat16"),
+  drafter = dataclasses.replace(LayerSkip.skipping(cfg.n_layers, (0,), draft_dtype=dtype),
                                 vocab_trim=trim)
   order = vocab_trim.frequency_order(tiny_reference, cfg.vocab_size)
   prepared = drafter.prepare({vocab_trim.IDS: order} if trim else None, params, cfg)
   assert sorted(prepared["layers"]) == list(drafter.keep) != list(range(cfg.n_layers))
   for i in drafter.keep:
-    want = jax.tree.leaves(llama.decoding_layer(params, i))
-    got = jax.tree.leaves(prepared["layers"][i])
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-      assert a.dtype == jnp.bfloat16 and a.shape == b.shape
-      np.testing.assert_array_equal(np.asarray(a), np.asarray(b.astype(jnp.bfloat16)))
-  head = prepared[vocab_trim.TRIM]["rows"] if trim else prepared["head"]["embed"]
+    want, got = llama.decoding_layer(params, i), prepared["layers"][i]
+    assert want.keys() == got.keys()
+    for name, w in want.items():
+      if isinstance(w, Table):
+        rows = got[name].rows
+        assert (rows.rows.dtype if dtype == "int8" else rows.dtype) == jnp.dtype(dtype)
+        as_float = rows.rows * rows.scale[:, None] if dtype == "int8" else rows
+        np.testing.assert_array_equal(np.asarray(as_float, np.float32), _rounded(w.rows, dtype))
+      else:
+        np.testing.assert_array_equal(np.asarray(got[name], np.float32),
+                                      w if dtype == "int8" else _rounded(w, dtype))
+  head = prepared[vocab_trim.TRIM]["rows"] if trim else prepared["head"]
+  head = head.rows * head.scale[:, None] if dtype == "int8" else head
   want = params["embed"][np.sort(order[:trim])] if trim else params["embed"]
-  np.testing.assert_array_equal(np.asarray(head), np.asarray(want.astype(jnp.bfloat16)))
+  np.testing.assert_array_equal(np.asarray(head, np.float32), _rounded(want, dtype))
 
 
 def test_layer_skip_in_bf16_drafts_from_its_copy(tiny, tiny_reference, monkeypatch):
@@ -163,8 +181,8 @@ def test_layer_skip_in_bf16_drafts_from_its_copy(tiny, tiny_reference, monkeypat
 
 def test_bad_layer_skip_draft_dtype_is_refused(tiny):
   cfg, params = tiny
-  with pytest.raises(ValueError, match="draft_dtype must be one of .*got 'int8'"):
-    registry.make("layer-skip", params, cfg, skip=(0,), draft_dtype="int8")
+  with pytest.raises(ValueError, match="draft_dtype must be one of .*got 'int4'"):
+    registry.make("layer-skip", params, cfg, skip=(0,), draft_dtype="int4")
 
 
 @pytest.mark.slow

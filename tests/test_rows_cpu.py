@@ -20,32 +20,40 @@ def _random(shape, seed):
   return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def _table(shape, seed, dtype):
+  """A random table in dtype: unit normals rounded, or for int8 integers over its whole range."""
+  if dtype == jnp.int8:
+    return jnp.asarray(np.random.default_rng(seed).integers(-128, 128, shape), jnp.int8)
+  return jnp.asarray(_random(shape, seed), dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int8], ids=["f32", "bf16", "i8"])
 @pytest.mark.parametrize("m, v, d", [(1, 7, 16), (2, 100, 40), (4, 1000, 576), (8, 301, 33),
                                      (9, 130, 64), (16, 4096, 64), (5, 1, 17), (3, 4096, 576),
                                      (20, 512, 96), (37, 160, 64)])
 def test_equals_numpy(m, v, d, dtype):
   """d not a multiple of 16 (a tail), v not a multiple of a tile or a chunk, more rows than one
   pass takes (9, 16), tables large enough to be shared among threads (4096 x 64, 1000 x 576);
-  a bfloat16 table is read exactly (the reference takes the same rounded values). With AMX
+  a bfloat16 or int8 table is read exactly (the reference takes the same values). With AMX
   (rows_cpu.amx()) bfloat16 tables of d a multiple of 32 and v of 16 go to the tile units:
   one, two and three groups of 16 rows (3, 20, 37), features to 16 bits (the same tolerance)."""
-  x, table = _random((m, d), 0), jnp.asarray(_random((v, d), 1), dtype)
+  x, table = _random((m, d), 0), _table((v, d), 1, dtype)
   out = np.asarray(jax.jit(rows_cpu.rows_dot)(x, table))
   assert out.shape == (m, v) and out.dtype == np.float32
   ref = x.astype(np.float64) @ np.asarray(table.astype(jnp.float32), np.float64).T
-  atol = 1e-5 * np.sqrt(d)  # float32 sums of d products of unit normals
+  # float32 sums of d products of unit normals (an int8 table's values are up to 128)
+  atol = 1e-5 * np.sqrt(d) * (128 if dtype == jnp.int8 else 1)
   np.testing.assert_allclose(out, ref, rtol=1e-5, atol=atol)
   np.testing.assert_allclose(out, rows_cpu.rows_dot_reference(x, table), rtol=1e-5, atol=atol)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int8], ids=["f32", "bf16", "i8"])
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it(dtype):
   """Bit for bit: each row alone, and the rows in another order and count, as in the full call
   (what makes a one-token step and a verify forward agree exactly on dense outputs)."""
   for (m, v, d), order in (((11, 3001, 200), [10, 3, 7]),  # the vector path
                            ((35, 1024, 96), [34, 3, 20, 17, 0])):  # AMX's, where it has AMX
-    x, table = _random((m, d), 2), jnp.asarray(_random((v, d), 3), dtype)
+    x, table = _random((m, d), 2), _table((v, d), 3, dtype)
     dot = jax.jit(rows_cpu.rows_dot)
     full = np.asarray(dot(x, table))
     for j in range(m):
@@ -57,7 +65,7 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(dtype):
     ((4,), (8, 4), jnp.float32, r"x \[m, d\] and table \[v, d\]; got \(4,\)"),
     ((2, 4), (8, 5), jnp.float32, r"got \(2, 4\) and \(8, 5\)"),
     ((2, 4), (8, 4), (jnp.bfloat16, jnp.float32), "float32 x .*; got bfloat16 and float32"),
-    ((2, 4), (8, 4), (jnp.float32, jnp.float16), "bfloat16 table; got float32 and float16"),
+    ((2, 4), (8, 4), (jnp.float32, jnp.float16), "int8 table; got float32 and float16"),
 ])
 def test_bad_input(x_shape, t_shape, dtype, match):
   x_dtype, t_dtype = dtype if isinstance(dtype, tuple) else (dtype, dtype)

@@ -1,4 +1,5 @@
-"""models/tables: the sliced dot and Tables equal one dot against the weight as loaded."""
+"""models/tables: the sliced dot and Tables equal one dot against the weight as loaded; an int8
+table (Q8) is its table rounded row by row, and its product the rounded table's."""
 import re
 
 import jax
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from speculax.models.kernels import rows_cpu
-from speculax.models.tables import MAX_SLICED_ROWS, as_table, dense, slices, table_dot
+from speculax.models.tables import MAX_SLICED_ROWS, Q8, as_table, dense, slices, table_dot
 
 
 def lowered_for_cpu(fn, *args) -> str:
@@ -56,3 +57,28 @@ def test_dense_with_a_table_equals_the_weight_as_loaded(w_shape, n_in, lead):
   assert got.shape == want.shape == (*lead, *w_shape[n_in:])
   np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-4)
   np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_q8_rounds_each_row_to_127_steps_of_its_largest_magnitude():
+  table = np.random.default_rng(0).standard_normal((50, 40)).astype(np.float32)
+  table[3] = 0  # a zero row: scale 1, all zeros, no division by zero
+  table[4] *= 1000
+  q = Q8.of(jnp.asarray(table))
+  rows, scale = np.asarray(q.rows), np.asarray(q.scale)
+  assert rows.dtype == np.int8 and q.shape == (50, 40) and scale.shape == (50,)
+  assert np.abs(rows).max(axis=1)[np.arange(50) != 3].min() == 127
+  assert scale[3] == 1 and not rows[3].any()
+  assert (np.abs(rows * scale[:, None] - table) <= scale[:, None] / 2 * (1 + 1e-5)).all()
+
+
+@pytest.mark.parametrize("rows, switch", [(1, "1"), (8, "1"), (8, "0"), (MAX_SLICED_ROWS + 1, "1")])
+def test_q8_table_dot_is_the_rounded_tables_product(monkeypatch, rows, switch):
+  """The rows kernel (few rows), XLA's sliced dot (the kernel off) and one dot (many rows)."""
+  monkeypatch.setenv(rows_cpu.SWITCH, switch)
+  rng = np.random.default_rng(1)
+  x = rng.standard_normal((rows, 64)).astype(np.float32)
+  q = Q8.of(jnp.asarray(rng.standard_normal((4096, 64)).astype(np.float32)))
+  got = np.asarray(jax.jit(table_dot)(x, q))
+  want = x.astype(np.float64) @ (np.asarray(q.rows, np.float64) * np.asarray(q.scale)[:, None]).T
+  assert got.shape == (rows, 4096) and got.dtype == np.float32
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)

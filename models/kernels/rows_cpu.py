@@ -1,6 +1,6 @@
 """A few feature rows times a weight stored as a table of output rows, on the CPU, in one pass
-over the table: x [m, d] . table [v, d] over d -> [m, v], float32, the table float32 or bfloat16
-(rows_cpu.cc).
+over the table: x [m, d] . table [v, d] over d -> [m, v], float32, the table float32, bfloat16 or
+int8 (rows_cpu.cc; an int8 table's scales are applied outside, models/tables.Q8).
 
 Why not XLA: decoding and verifying multiply 1-32 rows with every weight of the model once per
 step, a bandwidth-bound product, and XLA:CPU runs it well below the machine's bandwidth (its
@@ -50,7 +50,7 @@ CACHE = "SPECULAX_CACHE"
 MAX_ROWS = 32  # feature rows up to which models/tables.py asks the kernel: at 64 XLA's sliced
 # dot ran ~15% faster (SmolLM2's 211 dense tables, ms at 16 / 32 / 64 rows: kernel 36 / 56 / 93,
 # XLA 49 / 67 / 78)
-TABLE_DTYPES = (jnp.float32, jnp.bfloat16)
+TABLE_DTYPES = (jnp.float32, jnp.bfloat16, jnp.int8)
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 
 
@@ -133,15 +133,15 @@ def amx_wanted() -> bool:
 
 
 def rows_dot(x: jax.Array, table: jax.Array, amx: bool | None = None) -> jax.Array:
-  """x [m, d] float32 . table [v, d] float32 or bfloat16 over d -> [m, v] float32, by the
-  kernel (CPU only; a bfloat16 table is widened exactly as it is read, sums are float32; with
-  AMX, the features to 16 bits). amx: whether a bfloat16 table may go to AMX where the machine
-  has it (None: amx_wanted())."""
+  """x [m, d] float32 . table [v, d] float32, bfloat16 or int8 over d -> [m, v] float32, by the
+  kernel (CPU only; a bfloat16 or int8 table is widened exactly as it is read, sums are float32;
+  with AMX, a bfloat16 table's features to 16 bits). amx: whether a bfloat16 table may go to AMX
+  where the machine has it (None: amx_wanted())."""
   if x.ndim != 2 or table.ndim != 2 or x.shape[1] != table.shape[1]:
     raise ValueError(f"rows_dot takes x [m, d] and table [v, d]; got {x.shape} and {table.shape}")
   if x.dtype != jnp.float32 or table.dtype not in TABLE_DTYPES:
-    raise ValueError(f"rows_dot takes float32 x and a float32 or bfloat16 table; got {x.dtype} "
-                     f"and {table.dtype}")
+    raise ValueError(f"rows_dot takes float32 x and a float32, bfloat16 or int8 table; got "
+                     f"{x.dtype} and {table.dtype}")
   if not _registered():
     raise RuntimeError("the CPU rows kernel could not be built (see the warning above)")
   return _rows_dot(x, table, amx_wanted() if amx is None else amx)
