@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import ClassVar
+import typing
+from typing import ClassVar, Literal
 
 import flax.struct
 import jax
@@ -43,7 +44,8 @@ from speculax.models import llama
 from speculax.models.kvcache import KVCache
 from speculax.models.tables import Q8, Table, table_dot
 
-DRAFT_DTYPES = ("bfloat16", "float16", "int8")
+DraftDtype = Literal["bfloat16", "float16", "int8"]
+DRAFT_DTYPES = typing.get_args(DraftDtype)
 DECAY = 0.95  # weight of older measurements per step (recent context counts most)
 PRIOR = 2.0  # pseudo-drafts, all kept, behind every set's estimate (optimism: try each)
 
@@ -79,13 +81,7 @@ class LayerSkip(Drafter):
   verify_cost: float = field(1.0, gt=0)
   # The dtype of the weights the drafts read ("bfloat16", "int8": a copy of the kept layers and
   # the output layer, made in `prepare`; None: the target's own weights).
-  draft_dtype: str | None = None
-
-  def __post_init__(self):
-    super().__post_init__()
-    if self.draft_dtype is not None and self.draft_dtype not in DRAFT_DTYPES:
-      raise ValueError(f"layer-skip draft_dtype must be one of {DRAFT_DTYPES} (or None: the "
-                       f"target's weights), got {self.draft_dtype!r}")
+  draft_dtype: DraftDtype | None = None
 
   @property
   def keeps_own_drafts(self) -> bool:
@@ -94,7 +90,7 @@ class LayerSkip(Drafter):
 
   @classmethod
   def skipping(cls, n_layers: int, skip, tree: Tree | None = None, alternatives=(),
-               draft_dtype: str | None = None) -> LayerSkip:
+               draft_dtype: DraftDtype | None = None) -> LayerSkip:
     """The drafter that runs every layer except those in `skip` (and may switch to running every
     layer except those of one of the `alternatives` skip sets)."""
     return cls(_keep(n_layers, skip), tree, draft_dtype=draft_dtype,
@@ -103,7 +99,7 @@ class LayerSkip(Drafter):
   @classmethod
   def build(cls, params, config, *, skip: tuple[int, ...] | None = None, calibration=None,
             k: int = 5, tree: Tree | None = None, adapt: int = 0, searched=None,
-            draft_dtype: str | None = None):
+            draft_dtype: DraftDtype | None = None):
     """`skip` layers, or the set searched on `calibration` prompts (token-id lists) for k (or
     the result of that search, `searched`, when it ran already).
     adapt: also carry that many more skip sets from the search's trace (spread from the fewest

@@ -55,10 +55,6 @@ class Q8:
     scale = jnp.where(peak > 0, peak / 127, 1.0)
     return cls(jnp.round(table / scale[:, None]).astype(jnp.int8), scale)
 
-  @property
-  def shape(self) -> tuple[int, ...]:
-    return self.rows.shape
-
 
 def table_dot(features: jax.Array, table: jax.Array | Q8) -> jax.Array:
   """features [..., d] . table [v, d] over d -> [..., v] (in both dtypes' result type; a Q8

@@ -19,11 +19,11 @@ from speculax.core.trees import DynamicTree, StaticTree
 from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.speculative import speculative_generate
+from speculax.drafters import registry, vocab_trim
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.eagle import Eagle
 from speculax.drafters.layer_skip import LayerSkip
 from speculax.drafters.prompt_lookup import PromptLookup
-from speculax.drafters import registry, vocab_trim
 from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models import llama
 from speculax.models.kvcache import KVCache

@@ -82,7 +82,8 @@ BAD = {
     DynamicTree: {"width": ints(1), "depth": ints(1), "children": ints(1)},
     PromptLookup: {"max_ngram": ints(1), "min_ngram": ints(1) + (4,)},  # 4 > max_ngram 3
     LayerSkip: {"keep": ([0], (-1,), (0.5,)), "tree": TREE, **CHEAPER,
-                "alternatives": ([(0,)], ((-1,),), ((0.5,),), (0, 1)), "verify_cost": numbers(0.0)},
+                "alternatives": ([(0,)], ((-1,),), ((0.5,),), (0, 1)), "verify_cost": numbers(0.0),
+                "draft_dtype": ("int4", "bf16", 8, "float32")},
     DraftModel: {"config": (None, "tiny", 3), "tree": TREE, **CHEAPER, **LAG},
     TokenRecycling: {"tree": (None, DynamicTree(), "template")},
     Medusa: {"n_heads": ints(1), "tree": TREE + (DynamicTree(),), **CHEAPER},  # static trees only

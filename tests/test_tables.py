@@ -65,7 +65,7 @@ def test_q8_rounds_each_row_to_127_steps_of_its_largest_magnitude():
   table[4] *= 1000
   q = Q8.of(jnp.asarray(table))
   rows, scale = np.asarray(q.rows), np.asarray(q.scale)
-  assert rows.dtype == np.int8 and q.shape == (50, 40) and scale.shape == (50,)
+  assert rows.dtype == np.int8 and rows.shape == (50, 40) and scale.shape == (50,)
   assert np.abs(rows).max(axis=1)[np.arange(50) != 3].min() == 127
   assert scale[3] == 1 and not rows[3].any()
   assert (np.abs(rows * scale[:, None] - table) <= scale[:, None] / 2 * (1 + 1e-5)).all()

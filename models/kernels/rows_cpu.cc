@@ -82,7 +82,7 @@ inline Vec Load(const uint16_t* p) {  // bf16: the float32 with these bits on to
 typedef int8_t I8x16 __attribute__((vector_size(kLanes * sizeof(int8_t))));
 
 inline Vec Load(const int8_t* p) {  // int8: exact in float32
-#ifdef __AVX512F__  // GCC's generic conversion ran 3.6x slower than a float32 table (SmolLM2's head)
+#ifdef __AVX512F__  // GCC's generic conversion ran 3.6x slower than a float32 table (SmolLM2 head)
   const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
       reinterpret_cast<const __m128i*>(p))));
   Vec v;
