@@ -127,12 +127,16 @@ def test_layer_skip_drafting_in_lower_precision_keeps_the_float32_output(tiny, t
   assert out.tau > 2.5
 
 
+def _float32(w) -> np.ndarray:
+  """A copy's table (an array, or Q8: int8 rows times their scales) as float32."""
+  if isinstance(w, Q8):
+    return np.asarray(w.rows, np.float32) * np.asarray(w.scale)[:, None]
+  return np.asarray(w, np.float32)
+
+
 def _rounded(x, dtype) -> np.ndarray:
   """What a copy in dtype holds of x, as float32 (int8: a table rounded row by row)."""
-  if dtype == "int8":
-    q = Q8.of(x)
-    return np.asarray(q.rows, np.float32) * np.asarray(q.scale)[:, None]
-  return np.asarray(x.astype(dtype).astype(jnp.float32))
+  return _float32(Q8.of(x) if dtype == "int8" else x.astype(dtype))
 
 
 @pytest.mark.parametrize("trim", [0, 24])
@@ -152,15 +156,13 @@ def test_layer_skip_draft_weights_are_the_kept_layers_rounded(tiny, tiny_referen
       if isinstance(w, Table):
         rows = got[name].rows
         assert (rows.rows.dtype if dtype == "int8" else rows.dtype) == jnp.dtype(dtype)
-        as_float = rows.rows * rows.scale[:, None] if dtype == "int8" else rows
-        np.testing.assert_array_equal(np.asarray(as_float, np.float32), _rounded(w.rows, dtype))
+        np.testing.assert_array_equal(_float32(rows), _rounded(w.rows, dtype))
       else:
-        np.testing.assert_array_equal(np.asarray(got[name], np.float32),
+        np.testing.assert_array_equal(_float32(got[name]),
                                       w if dtype == "int8" else _rounded(w, dtype))
   head = prepared[vocab_trim.TRIM]["rows"] if trim else prepared["head"]
-  head = head.rows * head.scale[:, None] if dtype == "int8" else head
   want = params["embed"][np.sort(order[:trim])] if trim else params["embed"]
-  np.testing.assert_array_equal(np.asarray(head, np.float32), _rounded(want, dtype))
+  np.testing.assert_array_equal(_float32(head), _rounded(want, dtype))
 
 
 def test_layer_skip_in_bf16_drafts_from_its_copy(tiny, tiny_reference, monkeypatch):
