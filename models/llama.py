@@ -25,7 +25,7 @@ from speculax.models.attention import attention
 from speculax.models.config import LlamaConfig
 from speculax.models.kernels.tree_attention import runtime_kernel, tree_attention
 from speculax.models.kvcache import KVCache
-from speculax.models.tables import as_table, dense, table_dot
+from speculax.models.tables import as_table, dense, dense_fused, fuse, table_dot
 
 Params = dict
 
@@ -76,14 +76,25 @@ def _param(module: nn.Module, name: str, init, shape: tuple[int, ...], axes: tup
 DENSE_IN_AXES = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1}
 
 
+# Dense weights that read the same input, which `fused_layer` stores as one table each group.
+FUSABLE = (("q", "k", "v"), ("gate", "up"))
+
+
 def _dense(p: dict, name: str, x: jax.Array) -> jax.Array:
   return dense(x, p[name], DENSE_IN_AXES[name])
 
 
-def _project(p: dict, name: str, y, norm_eps: float) -> jax.Array:
-  """y [b, t, d] @ p[name] [d, n, q] -> [b, t, n, q], plus its bias [n, q] (Qwen2) and an
-  RMSNorm over q (Qwen3's q/k norm, applied before RoPE) when the architecture has them."""
-  out = _dense(p, name, y)
+def _denses(p: dict, names: tuple[str, ...], x: jax.Array) -> list[jax.Array]:
+  """x through each dense weight of `names` (a FUSABLE group): one product where p holds them
+  fused (`fused_layer`), else one each."""
+  fused = p.get("+".join(names))
+  return dense_fused(x, fused) if fused is not None else [_dense(p, n, x) for n in names]
+
+
+def _bias_and_norm(p: dict, name: str, out: jax.Array, norm_eps: float) -> jax.Array:
+  """out [b, t, n, q] (the layer input's product with p[name] [d, n, q]) plus its bias [n, q]
+  (Qwen2) and an RMSNorm over q (Qwen3's q/k norm, applied before RoPE) where the architecture
+  has them."""
   bias, norm = p.get(f"{name}_bias"), p.get(f"{name}_norm")
   if bias is not None:
     out = out + bias.astype(out.dtype)
@@ -101,9 +112,9 @@ def block(config: LlamaConfig, p: dict, x, layer_kv, ctx, collect_hidden: bool =
   c = config
   cos, sin, lengths, mask, block_mask = ctx
   y = rms_norm(x, p["attn_norm"], c.norm_eps)
-  q = apply_rope(_project(p, "q", y, c.norm_eps), cos, sin)  # [b, t, h, q]
-  k = apply_rope(_project(p, "k", y, c.norm_eps), cos, sin)  # [b, t, k, q]
-  v = _project(p, "v", y, c.norm_eps)  # [b, t, k, q]
+  q, k, v = (_bias_and_norm(p, name, out, c.norm_eps)
+             for name, out in zip("qkv", _denses(p, ("q", "k", "v"), y)))
+  q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # [b, t, h, q], [b, t, k, q]
   if layer_kv is None:
     keys, values = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [b, k, t, q]
   else:  # write the block first, then attend over the whole cache with one [b, t, s] mask
@@ -117,7 +128,8 @@ def block(config: LlamaConfig, p: dict, x, layer_kv, ctx, collect_hidden: bool =
                               block_sizes=block_sizes, interpret=interpret)
   x = x + _dense(p, "o", attended)
   y = rms_norm(x, p["mlp_norm"], c.norm_eps)
-  gated = nn.silu(_dense(p, "gate", y)) * _dense(p, "up", y)  # [b, t, f]
+  gate, up = _denses(p, ("gate", "up"), y)
+  gated = nn.silu(gate) * up  # [b, t, f]
   x = x + _dense(p, "down", gated)
   return x, (layer_kv, x if collect_hidden else None)
 
@@ -257,6 +269,14 @@ def layer_tables(layer: dict) -> dict:
   """One decoder layer's params with each dense weight as a Table (decoding's form)."""
   return {name: (as_table(w, DENSE_IN_AXES[name]) if name in DENSE_IN_AXES else w)
           for name, w in layer.items()}
+
+
+def fused_layer(layer: dict) -> dict:
+  """A decoding layer (`layer_tables`) with each FUSABLE group as one table (tables.Fused)."""
+  out = dict(layer)
+  for names in FUSABLE:
+    out["+".join(names)] = fuse([out.pop(name) for name in names])
+  return out
 
 
 def decoder_layers(config: LlamaConfig, layers, x, cache: KVCache | None, ctx, collect: bool,

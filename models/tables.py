@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from speculax.models.kernels import rows_cpu
 
@@ -137,3 +139,36 @@ def dense(x: jax.Array, w: jax.Array | Table, n_in: int) -> jax.Array:
     return table_dot(x.reshape(*lead, -1), w.rows).reshape(*lead, *w.out_shape)
   ins, outs = "abcdefgh"[:n_in], "abcdefgh"[n_in:w.ndim]
   return jnp.einsum(f"...{ins},{ins}{outs}->...{outs}", x, w)
+
+
+@flax.struct.dataclass
+class Fused:
+  """Dense weights that contract the same input, their output rows in one table (`fuse`): one
+  product gives every weight's output, each the sums its own table gives (the rows kernel
+  computes an output row the same way whatever other rows share the table). Fewer, larger calls:
+  a one-token int8 draft step of SmolLM2 pays ~10-40 us a call beyond the bytes it reads."""
+  rows: jax.Array | Q8  # [sum of the weights' outputs, in]
+  out_shapes: tuple[tuple[int, ...], ...] = flax.struct.field(pytree_node=False)
+
+
+def fuse(tables: Sequence[Table]) -> Fused:
+  """Tables of the same input size (all arrays of one dtype, or all Q8) as one Fused."""
+  rows = [t.rows for t in tables]
+  kinds = {"int8 (Q8)" if isinstance(r, Q8) else str(r.dtype) for r in rows}
+  sizes = {(r.rows if isinstance(r, Q8) else r).shape[1] for r in rows}
+  if len(kinds) != 1 or len(sizes) != 1:
+    raise ValueError(f"fuse takes tables of one kind and input size, got {sorted(kinds)} tables "
+                     f"of input sizes {sorted(sizes)}")
+  if all(isinstance(r, Q8) for r in rows):
+    joined = Q8(jnp.concatenate([r.rows for r in rows]), jnp.concatenate([r.scale for r in rows]))
+  else:
+    joined = jnp.concatenate(rows)
+  return Fused(joined, tuple(t.out_shape for t in tables))
+
+
+def dense_fused(x: jax.Array, w: Fused) -> list[jax.Array]:
+  """x [..., in] through each weight of w -> one output [..., out...] per weight."""
+  lead = x.shape[:-1]
+  out = table_dot(x, w.rows)  # [..., sum of outs]
+  ends = np.cumsum([math.prod(s) for s in w.out_shapes])[:-1]
+  return [part.reshape(*lead, *s) for part, s in zip(jnp.split(out, ends, axis=-1), w.out_shapes)]

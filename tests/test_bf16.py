@@ -28,7 +28,7 @@ from speculax.drafters.token_recycling import TokenRecycling
 from speculax.models import llama
 from speculax.models.kvcache import KVCache
 from speculax.models.load import LoadedModel, load, with_precision
-from speculax.models.tables import Q8, Table
+from speculax.models.tables import Q8, Fused, Table
 
 from tiny_prompts import NEW, PROMPTS
 
@@ -134,6 +134,10 @@ def _float32(w) -> np.ndarray:
   return np.asarray(w, np.float32)
 
 
+def _out_shapes(w: Table | Fused) -> tuple:
+  return w.out_shapes if isinstance(w, Fused) else (w.out_shape,)
+
+
 def _rounded(x, dtype) -> np.ndarray:
   """What a copy in dtype holds of x, as float32 (int8: a table rounded row by row)."""
   return _float32(Q8.of(x) if dtype == "int8" else x.astype(dtype))
@@ -149,11 +153,12 @@ def test_layer_skip_draft_weights_are_the_kept_layers_rounded(tiny, tiny_referen
   order = vocab_trim.frequency_order(tiny_reference, cfg.vocab_size)
   prepared = drafter.prepare({vocab_trim.IDS: order} if trim else None, params, cfg)
   assert sorted(prepared["layers"]) == list(drafter.keep) != list(range(cfg.n_layers))
-  for i in drafter.keep:
-    want, got = llama.decoding_layer(params, i), prepared["layers"][i]
+  for i in drafter.keep:  # q/k/v and gate/up fused (tests/test_tables.py: outputs unchanged)
+    want, got = llama.fused_layer(llama.decoding_layer(params, i)), prepared["layers"][i]
     assert want.keys() == got.keys()
     for name, w in want.items():
-      if isinstance(w, Table):
+      if isinstance(w, (Table, Fused)):
+        assert _out_shapes(got[name]) == _out_shapes(w)
         rows = got[name].rows
         assert (rows.rows.dtype if dtype == "int8" else rows.dtype) == jnp.dtype(dtype)
         np.testing.assert_array_equal(_float32(rows), _rounded(w.rows, dtype))

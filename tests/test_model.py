@@ -1,3 +1,4 @@
+import dataclasses
 import functools
 
 import jax
@@ -43,6 +44,32 @@ def test_unstacked_tables_match_stacked_params(tiny):
                                           _positions(2, hi - lo, lo), per_layer)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(jnp.stack(per_layer.k), stacked.k, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("qwen", [False, True])
+def test_fused_layers_decode_as_the_separate_ones(tiny, qwen):
+  """q/k/v and gate/up as one table each (`fused_layer`, the form lower-precision draft copies
+  take): the same logits and cache at a decode and a verify step, bit for bit where the rows
+  kernel runs (each output row summed alike), with Qwen's biases and q/k norms applied after the
+  split."""
+  from speculax.models.kernels import rows_cpu
+  cfg, params = tiny
+  if qwen:
+    cfg = dataclasses.replace(cfg, qkv_bias=True, qk_norm=True)
+    params = llama.init_params(cfg, jax.random.key(4))
+  separate = llama.unstack_layers(params)
+  fused = {**separate, "layers": tuple(llama.fused_layer(layer) for layer in separate["layers"])}
+  assert {"q+k+v", "gate+up"} <= fused["layers"][0].keys() and "q" not in fused["layers"][0]
+  tokens = jax.random.randint(jax.random.key(5), (2, 12), 0, cfg.vocab_size)
+  caches = [KVCache.init(cfg, 2, 32, per_layer=True) for _ in range(2)]
+  same = (np.testing.assert_array_equal if rows_cpu.enabled() else
+          functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5))
+  for lo, hi in [(0, 9), (9, 10), (10, 12)]:  # prefill, a one-token step, a 2-token verify
+    (want, _, caches[0]), (got, _, caches[1]) = (
+        llama.forward_jit(p, cfg, tokens[:, lo:hi], _positions(2, hi - lo, lo), cache)
+        for p, cache in zip((separate, fused), caches))
+    same(got, want)
+  same(jnp.stack(caches[1].k), jnp.stack(caches[0].k))
 
 
 def test_ragged_cache_lengths_are_per_sequence(tiny):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from speculax.models.kernels import rows_cpu
-from speculax.models.tables import MAX_SLICED_ROWS, Q8, as_table, dense, slices, table_dot
+from speculax.models.tables import (MAX_SLICED_ROWS, Q8, as_table, dense, dense_fused, fuse, slices,
+                                    table_dot)
 
 
 def lowered_for_cpu(fn, *args) -> str:
@@ -82,3 +83,38 @@ def test_q8_table_dot_is_the_rounded_tables_product(monkeypatch, rows, switch):
   want = x.astype(np.float64) @ (np.asarray(q.rows, np.float64) * np.asarray(q.scale)[:, None]).T
   assert got.shape == (rows, 4096) and got.dtype == np.float32
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+@pytest.mark.parametrize("int8", [False, True])
+def test_fused_tables_give_each_weights_own_output(monkeypatch, switch, int8):
+  """One product over the joined rows, split: each weight's output as its own table gives it,
+  bit for bit on the rows kernel (an output row's sums do not depend on the other rows)."""
+  monkeypatch.setenv(rows_cpu.SWITCH, switch)
+  rng = np.random.default_rng(2)
+  shapes = [(64, 4, 8), (64, 2, 8), (64, 96)]
+  tables = [as_table(jnp.asarray(rng.standard_normal(s).astype(np.float32)), 1) for s in shapes]
+  if int8:
+    tables = [t.replace(rows=Q8.of(t.rows)) for t in tables]
+  x = rng.standard_normal((1, 3, 64)).astype(np.float32)
+  fused = fuse(tables)
+  got = jax.jit(dense_fused)(x, fused)
+  assert fused.out_shapes == ((4, 8), (2, 8), (96,))
+  for out, table in zip(got, tables, strict=True):
+    want = np.asarray(jax.jit(dense, static_argnums=2)(x, table, 1))
+    assert out.shape == want.shape
+    if switch == "1" and rows_cpu.enabled():
+      np.testing.assert_array_equal(out, want)
+    else:
+      np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fuse_refuses_tables_of_mixed_kinds_or_sizes():
+  rng = np.random.default_rng(3)
+  a, b = (as_table(jnp.asarray(rng.standard_normal(s).astype(np.float32)), 1)
+          for s in [(16, 8), (24, 8)])
+  with pytest.raises(ValueError, match=r"one kind and input size, got \['float32'\] tables of "
+                                       r"input sizes \[16, 24\]"):
+    fuse([a, b])
+  with pytest.raises(ValueError, match=r"got \['float32', 'int8 \(Q8\)'\]"):
+    fuse([a, a.replace(rows=Q8.of(a.rows))])

@@ -11,10 +11,11 @@ float32 target's.
   speculax bench --config self_draft   (~45 min on 2 CPU cores; --method to pick rows)
 """
 from speculax.bench.config import BenchConfig, method
-from speculax.configs.bench.layer_skip import BF16
+from speculax.configs.bench.layer_skip import BF16, TRIM
 
 EAGLE = dict(heads="results/drafters/eagle-ttt-smollm2")
 SELF = dict(skip=())  # every layer kept: the model itself drafts, from its copy
+INT8 = dict(draft_dtype="int8", **SELF)
 
 BENCH = BenchConfig(
     methods=(method("prompt lookup", "prompt-lookup", k=4),
@@ -24,7 +25,9 @@ BENCH = BenchConfig(
                       draft_dtype="bfloat16", **SELF) for k in (2, 4, 6)),
              *(method(f"bf16 self + lookup k={k}", "layer-skip", k=k, lookup=2, **SELF, **BF16)
                for k in (2, 3)),
-             *(method(f"int8 self k={k}", "layer-skip", k=k, draft_dtype="int8", **SELF)
-               for k in (4, 6, 8))),
+             *(method(f"int8 self k={k}", "layer-skip", k=k, **INT8) for k in (4, 6, 8)),
+             method("int8 self k=6, VocabTrim 16384", "layer-skip", k=6, **INT8, **TRIM),
+             method("int8 self goodput k<=8", "layer-skip", k=8, goodput=True, **INT8),
+             method("int8 self + lookup k=6", "layer-skip", k=6, lookup=2, **INT8)),
     suites=("humaneval", "chat"), prompts=3, batch_sizes=(1, 8), temperatures=(0.0, 1.0),
     new_tokens=48)
