@@ -15,7 +15,7 @@ from speculax.bench import methods
 from speculax.core import multi_draft
 from speculax.core.trees import parse_tree
 from speculax.drafters import registry
-from speculax.drafters.layer_skip import DRAFT_DTYPES
+from speculax.drafters.low_precision import DRAFT_DTYPES
 from speculax.models.config import AttentionImpl
 
 
@@ -62,15 +62,17 @@ def add_drafter(p: argparse.ArgumentParser, default: str, allow_none: bool, k: i
                  help="layer-skip: also carry N more skip sets from the search and switch among "
                       "them on the fly by measured acceptance per draft cost (SWIFT-style)")
   p.add_argument("--draft-dtype", default=None, choices=DRAFT_DTYPES,
-                 help="layer-skip: the drafts read a copy of the kept layers and output layer in "
-                      "this dtype (the verify reads the target's own; default: the target's)")
+                 help="layer-skip, draft-model: the drafts read a copy of the drafting layers "
+                      "and output layer in this dtype (the verify reads the target's own; "
+                      "default: the weights as they are)")
   p.add_argument("--draft-model", default=None,
                  help="draft-model: a preset, .gguf file, HF folder or distilled run folder "
                       "sharing the target's vocabulary (default: the target's first "
                       "--draft-layers layers, untrained)")
   p.add_argument("--draft-layers", type=count(1), default=None,
                  help="draft-model: layers of the target to cut the default draft model from "
-                      "(default 4)")
+                      "(default 4; all of them: the target itself, with --draft-dtype drafting "
+                      "from its own copy)")
   p.add_argument("--heads", default=None, metavar="FOLDER",
                  help=f"trained drafters ({', '.join(registry.TRAINED)}): the run folder "
                       "(drafter.json + drafter_params) that `speculax train --config "

@@ -25,9 +25,10 @@ from speculax.core.fields import Checked
 from speculax.core.sampling import SamplingConfig
 from speculax.core.trees import Tree
 from speculax.core.types import Draft, TargetView, Verified
-from speculax.drafters import heads_io, vocab_trim
+from speculax.drafters import heads_io, low_precision, vocab_trim
 from speculax.models import llama
 from speculax.models.config import LlamaConfig
+from speculax.models.tables import table_dot
 from speculax.verifiers.base import Verifier
 from speculax.verifiers.chain import ChainVerifier
 from speculax.verifiers.tree import TreeVerifier
@@ -57,6 +58,9 @@ class Drafter(Checked, abc.ABC):
   # Kangaroo's early exit: a chain ends before the first draft (after the first) whose top draft
   # probability is below this, in (0, 1) (None: off; a field where supported).
   exit_threshold: float | None = None
+  # The dtype of the weight copy its own forward's drafts read (drafters/low_precision.py; None:
+  # the weights as they are; a field where supported).
+  draft_dtype: str | None = None
 
   @classmethod
   def build(cls, params, config: LlamaConfig, *, heads: str | os.PathLike,
@@ -102,10 +106,14 @@ class Drafter(Checked, abc.ABC):
 
   def kept_rows(self, params, target_params, target: LlamaConfig, ids) -> dict:
     """VocabTrim's rows of the output layer the drafter scores with, for the kept `ids`, in the
-    drafter's own weight dtype (a bfloat16 drafter reads a float32 target's rows in bfloat16):
-    what decoding reads (prepare) and the training objective too (train/heads.frozen_params)."""
-    return vocab_trim.trimmed_head(*self.output_layer(params, target_params, target), ids,
+    drafter's own weight dtype (a bfloat16 drafter reads a float32 target's rows in bfloat16), or
+    its draft_dtype: what decoding reads (prepare) and the training objective too
+    (train/heads.frozen_params)."""
+    rows = vocab_trim.trimmed_head(*self.output_layer(params, target_params, target), ids,
                                    dtype=narrowest_float(without_order(params)))
+    if self.draft_dtype is None:
+      return rows
+    return {**rows, "rows": low_precision.lowered(rows["rows"], self.draft_dtype)}
 
   def output_layer(self, params, target_params, target: LlamaConfig) -> tuple[Any, LlamaConfig]:
     """(params, config) of the output layer the drafter scores with: the target's."""
@@ -114,7 +122,9 @@ class Drafter(Checked, abc.ABC):
   def output(self, params, target_params, target: LlamaConfig) -> Callable[[jax.Array], jax.Array]:
     """In `propose`, on prepared params: final-normed features [..., d] -> logits [..., v]
     float32 through the drafter's output layer (only the kept rows with VocabTrim; -inf
-    elsewhere, so q is exactly zero there)."""
+    elsewhere, so q is exactly zero there; with draft_dtype, its copy)."""
+    if isinstance(params, dict) and low_precision.HEAD in params:
+      return lambda features: table_dot(features, params[low_precision.HEAD]).astype(jnp.float32)
     if self.vocab_trim:
       return functools.partial(vocab_trim.trimmed_logits, params[vocab_trim.TRIM],
                                vocab_size=target.vocab_size)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from speculax.core.fields import field
 from speculax.core.trees import Tree
 from speculax.core.types import Draft, TargetView, Verified
-from speculax.drafters import heads_io
+from speculax.drafters import heads_io, low_precision
 from speculax.drafters.base import Drafter
 from speculax.drafters.chain import draft_chain
 from speculax.drafters.tree_draft import draft_tree
@@ -36,6 +36,9 @@ class DraftModel(Drafter):
   vocab_trim: int = field(0, ge=0)  # VocabTrim: the N most frequent target tokens (0: all)
   exit_threshold: float | None = field(None, gt=0, lt=1)  # Kangaroo early exit (chains)
   max_lag: int = field(16, ge=0, le=256)  # goodput's plain steps fed in one block (Drafter)
+  # The dtype of the copy of its weights the drafts read (drafters/low_precision.py; None: as
+  # they are): with draft_layers = the target's, the target drafts for itself from its copy.
+  draft_dtype: low_precision.DraftDtype | None = None
 
   @classmethod
   def build(cls, params, config, *, draft=None, draft_layers: int = 4,
@@ -66,8 +69,15 @@ class DraftModel(Drafter):
     return params, self.config  # its own
 
   def prepare(self, params, target_params, target):
+    """VocabTrim's rows (Drafter.prepare) and the layers in decoding's form, or with draft_dtype
+    a copy of the layers and the output layer in it (once per call)."""
     params = super().prepare(params, target_params, target)
-    return llama.unstack_layers(params) if not isinstance(params["layers"], tuple) else params
+    if self.draft_dtype is None:
+      return llama.unstack_layers(params) if not isinstance(params["layers"], tuple) else params
+    n, head = self.config.n_layers, low_precision.head_name(self.config)
+    copy = low_precision.copy(params, tuple(range(n)), self.draft_dtype,
+                              None if self.vocab_trim else head)
+    return {**params, **copy, "layers": tuple(copy["layers"][i] for i in range(n))}
 
   def init(self, params, view: TargetView, config, max_len: int) -> KVCache:
     cache = KVCache.init(self.config, view.lengths.shape[0], max_len, per_layer=True)

@@ -24,28 +24,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import typing
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculax.core.dtypes import floats_as
 from speculax.core.fields import field
 from speculax.core.trees import Tree
 from speculax.core.types import Draft, TargetView, Verified
+from speculax.drafters import low_precision
 from speculax.drafters.base import Drafter
 from speculax.drafters.chain import draft_chain
 from speculax.drafters.layer_skip_search import estimated_speedup, search_skip_set
 from speculax.drafters.tree_draft import draft_tree
 from speculax.models import llama
 from speculax.models.kvcache import KVCache
-from speculax.models.tables import Q8, Table, table_dot
 
-DraftDtype = Literal["bfloat16", "float16", "int8"]
-DRAFT_DTYPES = typing.get_args(DraftDtype)
 DECAY = 0.95  # weight of older measurements per step (recent context counts most)
 PRIOR = 2.0  # pseudo-drafts, all kept, behind every set's estimate (optimism: try each)
 
@@ -81,7 +77,7 @@ class LayerSkip(Drafter):
   verify_cost: float = field(1.0, gt=0)
   # The dtype of the weights the drafts read ("bfloat16", "int8": a copy of the kept layers and
   # the output layer, made in `prepare`; None: the target's own weights).
-  draft_dtype: DraftDtype | None = None
+  draft_dtype: low_precision.DraftDtype | None = None
 
   @property
   def keeps_own_drafts(self) -> bool:
@@ -90,7 +86,7 @@ class LayerSkip(Drafter):
 
   @classmethod
   def skipping(cls, n_layers: int, skip, tree: Tree | None = None, alternatives=(),
-               draft_dtype: DraftDtype | None = None) -> LayerSkip:
+               draft_dtype: low_precision.DraftDtype | None = None) -> LayerSkip:
     """The drafter that runs every layer except those in `skip` (and may switch to running every
     layer except those of one of the `alternatives` skip sets)."""
     return cls(_keep(n_layers, skip), tree, draft_dtype=draft_dtype,
@@ -98,20 +94,18 @@ class LayerSkip(Drafter):
 
   @classmethod
   def build(cls, params, config, *, skip: tuple[int, ...] | None = None, calibration=None,
-            k: int = 5, tree: Tree | None = None, adapt: int = 0, searched=None,
-            draft_dtype: DraftDtype | None = None):
+            k: int = 5, tree: Tree | None = None, adapt: int = 0, searched=None):
     """`skip` layers, or the set searched on `calibration` prompts (token-id lists) for k (or
     the result of that search, `searched`, when it ran already).
     adapt: also carry that many more skip sets from the search's trace (spread from the fewest
-    to the most layers skipped) and switch among them on the fly.
-    draft_dtype: the drafts read the weights in that dtype (a copy; None: the target's)."""
+    to the most layers skipped) and switch among them on the fly."""
     if adapt < 0:
       raise ValueError(f"layer-skip adapt must be >= 0 (alternative skip sets), got {adapt}")
     if skip is not None:
       if adapt:
         raise ValueError("layer-skip adapt takes its skip sets from the search: give calibration "
                          "prompts instead of a skip set")
-      return cls.skipping(config.n_layers, skip, tree, draft_dtype=draft_dtype), None
+      return cls.skipping(config.n_layers, skip, tree), None
     if not calibration and searched is None:
       raise ValueError("layer-skip needs a skip set or calibration prompts to search one on")
     found = searched if searched is not None else search_skip_set(params, config, calibration, k=k)
@@ -119,7 +113,7 @@ class LayerSkip(Drafter):
     spread = sorted({int(round(x)) for x in np.linspace(0, len(rounds) - 1, adapt + 1)}
                     - {len(found.skip) - 1}) if adapt and rounds else []
     return cls.skipping(config.n_layers, found.skip, tree,
-                        [rounds[i].skip for i in spread][:adapt], draft_dtype), None
+                        [rounds[i].skip for i in spread][:adapt]), None
 
   @property
   def keep_sets(self) -> tuple[tuple[int, ...], ...]:
@@ -140,26 +134,13 @@ class LayerSkip(Drafter):
 
   def prepare(self, params, target_params, target):
     """VocabTrim's rows (Drafter.prepare) and, with draft_dtype, the kept layers and the
-    output layer cast to it, in decoding's form (one copy per call)."""
+    output layer copied in it (drafters/low_precision.py, once per call)."""
     params = super().prepare(params, target_params, target)
     if self.draft_dtype is None:
       return params
-    head = None if self.vocab_trim else "embed" if target.tie_embeddings else "lm_head"
+    head = None if self.vocab_trim else low_precision.head_name(target)
     used = tuple(sorted(set().union(*self.keep_sets)))
-    return {**(params or {}), **_copy(target_params, used, self.draft_dtype, head)}
-
-  def kept_rows(self, params, target_params, target, ids) -> dict:
-    rows = super().kept_rows(params, target_params, target, ids)
-    if self.draft_dtype is None:
-      return rows
-    return {**rows, "rows": _lowered(rows["rows"], self.draft_dtype)}
-
-  def output(self, params, target_params, target):
-    """The target's output layer (or VocabTrim's rows), or on prepared params with draft_dtype
-    and the whole vocabulary its copy, a table [v, d]."""
-    if isinstance(params, dict) and "head" in params:
-      return lambda features: table_dot(features, params["head"]).astype(jnp.float32)
-    return super().output(params, target_params, target)
+    return {**(params or {}), **low_precision.copy(target_params, used, self.draft_dtype, head)}
 
   def init(self, params, view: TargetView, config, max_len: int):
     if not self.alternatives:
@@ -221,33 +202,6 @@ class LayerSkip(Drafter):
       ks[i], vs[i] = sub_cache.k[j], sub_cache.v[j]
     draft = Draft(tokens=tokens, probs=q, parents=parents, length=length)
     return draft, cache.replace(k=tuple(ks), v=tuple(vs))
-
-
-@functools.partial(jax.jit, static_argnames=("used", "dtype", "head"))
-def _copy(target_params, used: tuple[int, ...], dtype: str, head: str | None) -> dict:
-  """The `used` layers in decoding's form, q/k/v and gate/up fused (`llama.fused_layer`: 4
-  products a layer instead of 7), and the output layer `head` (None: none) as a table [v, d], in
-  dtype. Jitted: eagerly, SmolLM2's 30 layers took 0.31-0.36 s a call, compiled
-  0.07-0.12 s."""
-  copy = {"layers": {i: llama.fused_layer(_lowered_layer(llama.decoding_layer(target_params, i),
-                                                         dtype)) for i in used}}
-  if head is not None:
-    table = target_params["embed"] if head == "embed" else target_params["lm_head"].T
-    copy["head"] = _lowered(table, dtype)
-  return copy
-
-
-def _lowered(table: jax.Array, dtype: str) -> jax.Array | Q8:
-  """A table of output rows [v, d] in dtype (int8: a scale per row)."""
-  return Q8.of(table) if dtype == "int8" else table.astype(dtype)
-
-
-def _lowered_layer(layer: dict, dtype: str) -> dict:
-  """A decoding layer in dtype: every float cast, or in int8 its tables (norms and biases stay)."""
-  if dtype != "int8":
-    return floats_as(layer, dtype)
-  return {name: w.replace(rows=Q8.of(w.rows)) if isinstance(w, Table) else w
-          for name, w in layer.items()}
 
 
 def _keep(n_layers: int, skip) -> tuple[int, ...]:

@@ -35,9 +35,10 @@ KINDS: dict[str, type[Drafter]] = {cls.name: cls for cls in (
 TRAINED = tuple(name for name, cls in KINDS.items() if cls.trained)  # loaded from a run folder
 SAVED = (*TRAINED, DraftModel.name)  # kinds `speculax train` saves as run folders
 # Options `make` takes for every kind that has the drafter field named: VocabTrim's size and the
-# token frequency order (an array or .npy file; a trained run folder carries its own), and
-# Kangaroo's early-exit threshold.
-COMMON = {"vocab_trim": "vocab_trim", "vocab_ids": "vocab_trim", "exit_threshold": "exit_threshold"}
+# token frequency order (an array or .npy file; a trained run folder carries its own), Kangaroo's
+# early-exit threshold, and the dtype of the weight copy a drafter's own forward reads.
+COMMON = {"vocab_trim": "vocab_trim", "vocab_ids": "vocab_trim", "exit_threshold": "exit_threshold",
+          "draft_dtype": "draft_dtype"}
 # `lookup=N`, for every chain drafter that follows whatever drafts were kept: prompt lookup's
 # continuation first, in rows whose last N or more tokens occurred earlier (LookupFirst).
 LOOKUP = "lookup"
@@ -100,8 +101,9 @@ def make(name: str, target, config: LlamaConfig | None = None, **given) -> Loade
   common = {k: given.pop(k) for k in COMMON if k in given}
   lookup = given.pop(LOOKUP, None)
   drafter, params = get(name).build(params, config, **given)
-  if "exit_threshold" in common:
-    drafter = dataclasses.replace(drafter, exit_threshold=common["exit_threshold"])
+  for name in ("exit_threshold", "draft_dtype"):
+    if name in common:
+      drafter = dataclasses.replace(drafter, **{name: common[name]})
   loaded = LoadedDrafter(drafter, params)
   if "vocab_trim" in common or "vocab_ids" in common:
     loaded = trimmed(loaded, common.get("vocab_trim", 0), common.get("vocab_ids"), config)

@@ -19,6 +19,8 @@ def truncated(params: Params, config: LlamaConfig, layers) -> tuple[LlamaConfig,
     raise ValueError(f"layers {layers} must be a non-empty subset of 0..{config.n_layers - 1}")
   if isinstance(params["layers"], tuple):
     raise ValueError("truncated() takes stacked params (as loaded), not unstacked ones")
+  if layers == tuple(range(config.n_layers)):  # the whole model: itself, not a copy
+    return config, params
   idx = jnp.asarray(layers)
   sub = {**params, "layers": {k: v[idx] for k, v in params["layers"].items()}}
   return dataclasses.replace(config, n_layers=len(layers)), sub

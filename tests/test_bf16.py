@@ -1,7 +1,7 @@
 """bf16 decoding (models/config.PRECISIONS): bf16 weights, and a bf16 KV cache, with logits and
 sampling in float32; speculative output equals autoregressive output in the same precision.
-Layer skip drafting from a bf16 (float16, int8) copy of a float32 target's weights keeps the
-float32 target's output.
+Layer skip and draft models drafting from a bf16 (float16, int8) copy of a float32 target's
+weights keep the float32 target's output.
 
 (With bf16 weights alone a verify forward and a one-token step agree to float32 rounding, as in
 float32. A bf16 cache or bf16 activations round the two paths differently, so on a near tie
@@ -19,7 +19,7 @@ from speculax.core.trees import DynamicTree, StaticTree
 from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.speculative import speculative_generate
-from speculax.drafters import registry, vocab_trim
+from speculax.drafters import low_precision, registry, vocab_trim
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.eagle import Eagle
 from speculax.drafters.layer_skip import LayerSkip
@@ -107,20 +107,31 @@ def test_bad_precision_is_refused_before_loading():
     with_precision(LoadedModel(None, {}, None), "fp8")
 
 
+def _self_draft(kind: str, params, cfg, **options):
+  """The tiny model drafting for itself: layer skip keeping every layer, or the draft model of
+  all its layers."""
+  whole = {"skip": ()} if kind == "layer-skip" else {"draft_layers": cfg.n_layers}
+  return registry.make(kind, params, cfg, **whole, **options)
+
+
+KINDS = ["layer-skip", "draft-model"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype,form", [("bfloat16", "chain"), ("bfloat16", "tree"),
                                         ("float16", "trimmed"), ("int8", "chain"),
                                         ("int8", "trimmed")])
-def test_layer_skip_drafting_in_lower_precision_keeps_the_float32_output(tiny, tiny_reference,
-                                                                         dtype, form):
+def test_drafting_in_lower_precision_keeps_the_float32_output(tiny, tiny_reference, kind, dtype,
+                                                              form):
   cfg, params = tiny
   tree = StaticTree.full((2, 2)) if form == "tree" else None
   # Every layer kept: the model itself drafts, rounded (on the tiny random model a skipped layer
   # leaves few drafts to keep: tau 1.17 at k = 3 skipping layer 0, in float32 and rounded alike).
-  drafter, dparams = registry.make("layer-skip", params, cfg, skip=(), tree=tree,
-                                   draft_dtype=dtype)
+  drafter, dparams = _self_draft(kind, params, cfg, tree=tree, draft_dtype=dtype)
   if form == "trimmed":
     drafter = dataclasses.replace(drafter, vocab_trim=24)
-    dparams = {vocab_trim.IDS: vocab_trim.frequency_order(tiny_reference, cfg.vocab_size)}
+    dparams = {**(dparams or {}),
+               vocab_trim.IDS: vocab_trim.frequency_order(tiny_reference, cfg.vocab_size)}
   out = speculative_generate(params, cfg, PROMPTS[:4], drafter,
                              SpecConfig(k=3, max_new_tokens=NEW), drafter_params=dparams)
   assert out.tokens == tiny_reference[:4]
@@ -143,18 +154,27 @@ def _rounded(x, dtype) -> np.ndarray:
   return _float32(Q8.of(x) if dtype == "int8" else x.astype(dtype))
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("trim", [0, 24])
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
-def test_layer_skip_draft_weights_are_the_kept_layers_rounded(tiny, tiny_reference, trim, dtype):
-  """bfloat16: every weight of a kept layer cast; int8: its tables (Q8), norms as they are."""
+def test_draft_weights_are_the_drafting_layers_rounded(tiny, tiny_reference, kind, trim, dtype):
+  """bfloat16: every weight of a drafting layer cast; int8: its tables (Q8), norms as they are;
+  q/k/v and gate/up fused (tests/test_tables.py: their outputs unchanged)."""
   cfg, params = tiny
-  drafter = dataclasses.replace(LayerSkip.skipping(cfg.n_layers, (0,), draft_dtype=dtype),
-                                vocab_trim=trim)
+  if kind == "layer-skip":
+    drafter, dparams = LayerSkip.skipping(cfg.n_layers, (0,), draft_dtype=dtype), None
+  else:
+    drafter, dparams = _self_draft(kind, params, cfg, draft_dtype=dtype)
+  drafter = dataclasses.replace(drafter, vocab_trim=trim)
   order = vocab_trim.frequency_order(tiny_reference, cfg.vocab_size)
-  prepared = drafter.prepare({vocab_trim.IDS: order} if trim else None, params, cfg)
-  assert sorted(prepared["layers"]) == list(drafter.keep) != list(range(cfg.n_layers))
-  for i in drafter.keep:  # q/k/v and gate/up fused (tests/test_tables.py: outputs unchanged)
-    want, got = llama.fused_layer(llama.decoding_layer(params, i)), prepared["layers"][i]
+  prepared = drafter.prepare({**(dparams or {}), vocab_trim.IDS: order} if trim else dparams,
+                             params, cfg)
+  layers = prepared["layers"]
+  layers = layers if isinstance(layers, dict) else dict(enumerate(layers))
+  assert sorted(layers) == (list(drafter.keep) if kind == "layer-skip"
+                            else list(range(cfg.n_layers)))
+  for i, got in layers.items():
+    want = llama.fused_layer(llama.decoding_layer(params, i))
     assert want.keys() == got.keys()
     for name, w in want.items():
       if isinstance(w, (Table, Fused)):
@@ -165,31 +185,41 @@ def test_layer_skip_draft_weights_are_the_kept_layers_rounded(tiny, tiny_referen
       else:
         np.testing.assert_array_equal(_float32(got[name]),
                                       w if dtype == "int8" else _rounded(w, dtype))
-  head = prepared[vocab_trim.TRIM]["rows"] if trim else prepared["head"]
+  head = prepared[vocab_trim.TRIM]["rows"] if trim else prepared[low_precision.HEAD]
   want = params["embed"][np.sort(order[:trim])] if trim else params["embed"]
   np.testing.assert_array_equal(_float32(head), _rounded(want, dtype))
 
 
-def test_layer_skip_in_bf16_drafts_from_its_copy(tiny, tiny_reference, monkeypatch):
+@pytest.mark.parametrize("kind", KINDS)
+def test_lower_precision_drafts_read_the_copy(tiny, tiny_reference, monkeypatch, kind):
   """With the copy's layers zeroed the drafts are the embedding read back through the head:
-  still lossless, far fewer kept. So the drafts read the copy, not the target's weights."""
+  still lossless, far fewer kept. So the drafts read the copy, not the weights as they are."""
   cfg, params = tiny
-  drafter = LayerSkip.skipping(cfg.n_layers, (), draft_dtype="bfloat16")
+  drafter, dparams = _self_draft(kind, params, cfg, draft_dtype="bfloat16")
   run = lambda: speculative_generate(params, cfg, PROMPTS[:4], drafter,
-                                     SpecConfig(k=3, max_new_tokens=NEW))
+                                     SpecConfig(k=3, max_new_tokens=NEW), drafter_params=dparams)
   copied = run()
-  prepare = LayerSkip.prepare
-  monkeypatch.setattr(LayerSkip, "prepare", lambda self, *args: (
+  cls = type(drafter)
+  prepare = cls.prepare
+  monkeypatch.setattr(cls, "prepare", lambda self, *args: (
       lambda p: {**p, "layers": jax.tree.map(jnp.zeros_like, p["layers"])})(prepare(self, *args)))
   zeroed = run()
   assert copied.tokens == zeroed.tokens == tiny_reference[:4]
   assert zeroed.tau < copied.tau - 1
 
 
-def test_bad_layer_skip_draft_dtype_is_refused(tiny):
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_draft_dtype_is_refused(tiny, kind):
   cfg, params = tiny
   with pytest.raises(ValueError, match="draft_dtype must be one of .*got 'int4'"):
-    registry.make("layer-skip", params, cfg, skip=(0,), draft_dtype="int4")
+    _self_draft(kind, params, cfg, draft_dtype="int4")
+
+
+def test_draft_dtype_is_for_drafters_with_a_forward_of_their_own(tiny):
+  cfg, params = tiny
+  with pytest.raises(ValueError, match=r"prompt-lookup takes no draft_dtype \(draft_dtype is for "
+                                       r"layer-skip, draft-model, multi-draft-model\)"):
+    registry.make("prompt-lookup", params, cfg, draft_dtype="int8")
 
 
 @pytest.mark.slow

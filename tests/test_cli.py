@@ -73,7 +73,7 @@ MALFORMED = [
     (["generate", "--drafter", "draft-model", "--drafts", "3"], "draft-model takes no --drafts"),
     (["generate", "--drafter", "layer-skip", "--max-lag", "4"], "layer-skip takes no --max-lag"),
     (["generate", "--drafter", "prompt-lookup", "--draft-dtype", "bfloat16"],
-     "prompt-lookup takes no option draft_dtype"),
+     "prompt-lookup takes no draft_dtype (draft_dtype is for layer-skip, draft-model"),
     (["generate", "--drafter", "layer-skip", "--draft-dtype", "int4"],
      "argument --draft-dtype: invalid choice: 'int4'"),
     (["generate", "--drafter", "eagle", "--max-lag", "-1"], "must be an int >= 0, got -1"),

@@ -57,6 +57,7 @@ TREE = ("full:3,2", (0, 1), 3)  # a tree field takes a StaticTree / DynamicTree 
 # VocabTrim's size and the early-exit threshold, on every drafter with an output layer.
 CHEAPER = {"vocab_trim": ints(0), "exit_threshold": ("0.5", 0.0, 1.0, NAN, -0.5)}
 LAG = {"max_lag": ints(0) + (257,)}  # goodput's plain steps fed in one block (own forward)
+LOW = {"draft_dtype": ("int4", "bf16", 8, "float32")}  # the copy an own forward's drafts read
 DIVERGENCE_OPTIONS = ([("beta", 0.5)], (("beta", "high"),), "beta=0.5")
 
 BAD = {
@@ -83,8 +84,8 @@ BAD = {
     PromptLookup: {"max_ngram": ints(1), "min_ngram": ints(1) + (4,)},  # 4 > max_ngram 3
     LayerSkip: {"keep": ([0], (-1,), (0.5,)), "tree": TREE, **CHEAPER,
                 "alternatives": ([(0,)], ((-1,),), ((0.5,),), (0, 1)), "verify_cost": numbers(0.0),
-                "draft_dtype": ("int4", "bf16", 8, "float32")},
-    DraftModel: {"config": (None, "tiny", 3), "tree": TREE, **CHEAPER, **LAG},
+                **LOW},
+    DraftModel: {"config": (None, "tiny", 3), "tree": TREE, **CHEAPER, **LAG, **LOW},
     TokenRecycling: {"tree": (None, DynamicTree(), "template")},
     Medusa: {"n_heads": ints(1), "tree": TREE + (DynamicTree(),), **CHEAPER},  # static trees only
     Hydra: {"n_heads": ints(1), "tree": TREE, "prefix_attention": BOOL, "mlp_layers": ints(1),

@@ -24,6 +24,7 @@ from speculax.decode.goodput import Goodput
 from speculax.decode.pearl import draft_device, pearl_generate
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.prompt_lookup import PromptLookup
+from speculax.drafters import registry
 from speculax.drafters.registry import LoadedDrafter
 from speculax.models import llama
 from speculax.models.derive import truncated
@@ -64,6 +65,21 @@ def test_drafter_that_is_the_target_keeps_every_draft(tiny, devices):
   np.testing.assert_array_equal(out.accepted_at, [24, 20, 20, 16])
   assert out.drafted == 4 * (1 + 5 * 4)
   assert out.tokens == generate(params, cfg, PROMPTS[:4], GenerateConfig(max_new_tokens=21)).tokens
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_the_target_drafting_from_its_int8_copy_keeps_its_output(tiny, tiny_reference, devices):
+  """The draft model of all the target's layers is the target itself (its params, no cut), and
+  with draft_dtype it drafts from an int8 copy made per call: output the target's, nearly
+  every draft kept."""
+  cfg, params = tiny
+  loaded = registry.make("draft-model", params, cfg, draft_layers=cfg.n_layers,
+                         draft_dtype="int8")
+  assert loaded.params is params
+  out = pearl_generate(params, cfg, PROMPTS, loaded.drafter, SpecConfig(k=4, max_new_tokens=NEW),
+                       loaded.params, draft_device=jax.devices()[1] if devices == 2 else None)
+  assert out.tokens == tiny_reference
+  assert out.tau > 3
 
 
 def test_two_devices_draw_like_one(tiny, cut):
