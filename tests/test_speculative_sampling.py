@@ -26,6 +26,7 @@ from speculax.decode.config import SpecConfig
 from speculax.decode.speculative import speculative_generate
 from speculax.drafters import vocab_trim
 from speculax.drafters.draft_model import DraftModel
+from speculax.drafters.layer_skip import LayerSkip
 from speculax.drafters.eagle import Eagle
 from speculax.drafters.hydra import Hydra
 from speculax.drafters.lookup_first import LookupFirst
@@ -80,7 +81,11 @@ DRAFTERS = {"chain": DraftModel(CFG), "static-tree": DraftModel(CFG, StaticTree.
             "trimmed-exit-chain": DraftModel(CFG, vocab_trim=6, exit_threshold=0.3),
             "eagle-trimmed-exit": Eagle(vocab_trim=6, exit_threshold=0.3),
             # Prompt lookup first: a first token seen in the prompt is continued by copying.
-            "eagle-lookup-first": LookupFirst.of(Eagle(), 1)}
+            "eagle-lookup-first": LookupFirst.of(Eagle(), 1),
+            # Drafts from an int8 copy (q the copy's law): of the draft model, and of the target
+            # with a layer skipped.
+            "int8-chain": DraftModel(CFG, draft_dtype="int8"),
+            "int8-layer-skip-tree": LayerSkip((1,), StaticTree.full((3, 2)), draft_dtype="int8")}
 ORDER = np.array([7, 2, 11, 0, 5, 9, 1, 3, 4, 6, 8, 10], np.int32)  # a token frequency order
 
 
@@ -125,7 +130,8 @@ def test_first_and_second_tokens_follow_target(models, sampling, drafter):
   p1, p2 = _exact(target, sampling)
   dparams = (_heads() if drafter.startswith("medusa") else
              _eagle(target) if drafter.startswith("eagle") else
-             random_params(DRAFTERS[drafter], CFG) if drafter.startswith("hydra") else draft)
+             random_params(DRAFTERS[drafter], CFG) if drafter.startswith("hydra") else
+             None if isinstance(DRAFTERS[drafter], LayerSkip) else draft)
   if DRAFTERS[drafter].vocab_trim:
     dparams = {**dparams, vocab_trim.IDS: ORDER}
   first, second = _run(target, dparams, sampling, seed=0, drafter=DRAFTERS[drafter])
