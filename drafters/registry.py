@@ -101,9 +101,9 @@ def make(name: str, target, config: LlamaConfig | None = None, **given) -> Loade
   common = {k: given.pop(k) for k in COMMON if k in given}
   lookup = given.pop(LOOKUP, None)
   drafter, params = get(name).build(params, config, **given)
-  for name in ("exit_threshold", "draft_dtype"):
-    if name in common:
-      drafter = dataclasses.replace(drafter, **{name: common[name]})
+  for attr in ("exit_threshold", "draft_dtype"):
+    if attr in common:
+      drafter = dataclasses.replace(drafter, **{attr: common[attr]})
   loaded = LoadedDrafter(drafter, params)
   if "vocab_trim" in common or "vocab_ids" in common:
     loaded = trimmed(loaded, common.get("vocab_trim", 0), common.get("vocab_ids"), config)
