@@ -1,7 +1,8 @@
 """The target drafting for itself from a lower-precision copy of its float32 weights (layer
 skip's `draft_dtype`, every layer kept): bfloat16 (VocabTrim 16384 or the whole vocabulary,
 alone and behind prompt lookup's copies, `lookup=2`) and int8 (each table row scaled to 127,
-the whole vocabulary, long chains), beside prompt lookup and the shipped EAGLE + TTT behind
+the whole vocabulary, long chains, and long chains cut by Kangaroo's early exit where a draft's
+top probability falls below a threshold), beside prompt lookup and the shipped EAGLE + TTT behind
 lookup (the fastest trained drafter), on held-out HumanEval and chat prompts, greedy and t = 1,
 batch 1 and 8. A bfloat16 draft reads half the bytes of a target step, an int8 one a quarter,
 and each parts from the target's own choice only where rounding tips a near tie, so nearly all
@@ -28,6 +29,8 @@ BENCH = BenchConfig(
              *(method(f"int8 self k={k}", "layer-skip", k=k, **INT8) for k in (4, 6, 8)),
              method("int8 self k=6, VocabTrim 16384", "layer-skip", k=6, **INT8, **TRIM),
              method("int8 self goodput k<=8", "layer-skip", k=8, goodput=True, **INT8),
-             method("int8 self + lookup k=6", "layer-skip", k=6, lookup=2, **INT8)),
+             method("int8 self + lookup k=6", "layer-skip", k=6, lookup=2, **INT8),
+             *(method(f"int8 self k={k}, exit {p}", "layer-skip", k=k, exit_threshold=p, **INT8)
+               for k, p in ((6, 0.5), (8, 0.4), (8, 0.6)))),
     suites=("humaneval", "chat"), prompts=3, batch_sizes=(1, 8), temperatures=(0.0, 1.0),
     new_tokens=48)
