@@ -22,9 +22,9 @@ from speculax.decode.config import GenerateConfig, SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.goodput import Goodput
 from speculax.decode.pearl import draft_device, pearl_generate
+from speculax.drafters import registry
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.prompt_lookup import PromptLookup
-from speculax.drafters import registry
 from speculax.drafters.registry import LoadedDrafter
 from speculax.models import llama
 from speculax.models.derive import truncated

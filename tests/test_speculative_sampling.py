@@ -26,9 +26,9 @@ from speculax.decode.config import SpecConfig
 from speculax.decode.speculative import speculative_generate
 from speculax.drafters import vocab_trim
 from speculax.drafters.draft_model import DraftModel
-from speculax.drafters.layer_skip import LayerSkip
 from speculax.drafters.eagle import Eagle
 from speculax.drafters.hydra import Hydra
+from speculax.drafters.layer_skip import LayerSkip
 from speculax.drafters.lookup_first import LookupFirst
 from speculax.drafters.medusa import Medusa
 from speculax.models import llama
