@@ -74,9 +74,9 @@ class DraftModel(Drafter):
     params = super().prepare(params, target_params, target)
     if self.draft_dtype is None:
       return llama.unstack_layers(params) if not isinstance(params["layers"], tuple) else params
-    n, head = self.config.n_layers, low_precision.head_name(self.config)
-    copy = low_precision.copy(params, tuple(range(n)), self.draft_dtype,
-                              None if self.vocab_trim else head)
+    n = self.config.n_layers
+    copy = low_precision.copy(params, self.config, tuple(range(n)), self.draft_dtype,
+                              head=not self.vocab_trim)  # VocabTrim's rows: lowered already
     return {**params, **copy, "layers": tuple(copy["layers"][i] for i in range(n))}
 
   def init(self, params, view: TargetView, config, max_len: int) -> KVCache:

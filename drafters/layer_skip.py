@@ -138,9 +138,10 @@ class LayerSkip(Drafter):
     params = super().prepare(params, target_params, target)
     if self.draft_dtype is None:
       return params
-    head = None if self.vocab_trim else low_precision.head_name(target)
     used = tuple(sorted(set().union(*self.keep_sets)))
-    return {**(params or {}), **low_precision.copy(target_params, used, self.draft_dtype, head)}
+    copy = low_precision.copy(target_params, target, used, self.draft_dtype,
+                              head=not self.vocab_trim)  # VocabTrim's rows: lowered already
+    return {**(params or {}), **copy}
 
   def init(self, params, view: TargetView, config, max_len: int):
     if not self.alternatives:

@@ -26,21 +26,15 @@ DRAFT_DTYPES = typing.get_args(DraftDtype)
 HEAD = "low_precision_head"  # the copied output layer's key in prepared params
 
 
-def head_name(config: LlamaConfig) -> str:
-  """The param holding a model's output layer: its embedding when tied."""
-  return "embed" if config.tie_embeddings else "lm_head"
-
-
-@functools.partial(jax.jit, static_argnames=("used", "dtype", "head"))
-def copy(params, used: tuple[int, ...], dtype: str, head: str | None) -> dict:
-  """The `used` layers of params (stacked or unstacked) in decoding's form, fused, as
-  {"layers": {i: layer}}, and the output layer `head` (a head_name; None: none) as a table
-  [v, d] under HEAD, in dtype. Jitted: eagerly, SmolLM2's 30 layers took 0.31-0.36 s a call,
-  compiled 0.07-0.12 s."""
+@functools.partial(jax.jit, static_argnames=("config", "used", "dtype", "head"))
+def copy(params, config: LlamaConfig, used: tuple[int, ...], dtype: str, head: bool) -> dict:
+  """The `used` layers of a model's params (stacked or unstacked) in decoding's form, fused, as
+  {"layers": {i: layer}}, and with `head` its output layer as a table [v, d] under HEAD, in
+  dtype. Jitted: eagerly, SmolLM2's 30 layers took 0.31-0.36 s a call, compiled 0.07-0.12 s."""
   out = {"layers": {i: llama.fused_layer(lowered_layer(llama.decoding_layer(params, i), dtype))
                     for i in used}}
-  if head is not None:
-    out[HEAD] = lowered(params["embed"] if head == "embed" else params["lm_head"].T, dtype)
+  if head:
+    out[HEAD] = lowered(llama.output_table(params, config), dtype)
   return out
 
 

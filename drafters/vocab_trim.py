@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculax.models import llama
 from speculax.models.config import LlamaConfig
 from speculax.models.tables import table_dot
 
@@ -64,10 +65,7 @@ def trimmed_head(head_params, config: LlamaConfig, ids: np.ndarray, dtype=None) 
   in `dtype` (None: the layer's; a bfloat16 drafter reads the float32 target's rows in its own
   precision). Host-side, once per decode call; no new parameters."""
   ids = jnp.asarray(np.sort(ids))
-  if config.tie_embeddings:
-    rows = jnp.take(head_params["embed"], ids, axis=0)
-  else:
-    rows = jnp.take(head_params["lm_head"], ids, axis=1).T
+  rows = jnp.take(llama.output_table(head_params, config), ids, axis=0)
   return {"ids": ids, "rows": rows if dtype is None else rows.astype(dtype)}
 
 

@@ -215,6 +215,12 @@ def lm_head(params: Params, config: LlamaConfig, features: jax.Array) -> jax.Arr
   return jnp.einsum("...d,dv->...v", features, params["lm_head"]).astype(jnp.float32)
 
 
+def output_table(params: Params, config: LlamaConfig) -> jax.Array:
+  """The output head as a table of its rows [v, d] (the embedding when tied): what drafters
+  that score with the target's head gather rows of (VocabTrim) or copy (lower precision)."""
+  return params["embed"] if config.tie_embeddings else params["lm_head"].T
+
+
 @functools.partial(jax.jit, static_argnames="config")
 def init_params(config: LlamaConfig, key: jax.Array) -> Params:
   """Random params (plain arrays, boxes removed), compiled once per config (a jitted lambda

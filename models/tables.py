@@ -159,10 +159,7 @@ def fuse(tables: Sequence[Table]) -> Fused:
   if len(kinds) != 1 or len(sizes) != 1:
     raise ValueError(f"fuse takes tables of one kind and input size, got {sorted(kinds)} tables "
                      f"of input sizes {sorted(sizes)}")
-  if all(isinstance(r, Q8) for r in rows):
-    joined = Q8(jnp.concatenate([r.rows for r in rows]), jnp.concatenate([r.scale for r in rows]))
-  else:
-    joined = jnp.concatenate(rows)
+  joined = jax.tree.map(lambda *parts: jnp.concatenate(parts), *rows)  # an array or a Q8
   return Fused(joined, tuple(t.out_shape for t in tables))
 
 
