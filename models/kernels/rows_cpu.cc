@@ -116,9 +116,11 @@ inline float LaneSum(Vec a) {  // halves added pairwise: lanes i and i + 8, then
 }
 
 // Table rows [n, n + NB) against M feature rows from x; out rows are v apart. Each table chunk
-// is loaded once for M rows and each feature chunk once for NB table rows. The next tile's rows
-// are prefetched as this one's are read: without it the hardware's prefetch fell behind from 2
-// rows on (SmolLM2's head at 4 / 8 rows: 4.9 / 6.1 ms, prefetched 2.2 / 2.6; one row 2.5 / 2.2).
+// is loaded once for M rows and each feature chunk once for NB table rows. The next tile's bytes
+// are prefetched in address order as this one's are read: without it the hardware's prefetch fell
+// behind from 2 rows on (Intel, SmolLM2's head at 4 / 8 rows: 4.9 / 6.1 ms, prefetched 2.2 / 2.6;
+// one row 2.5 / 2.2), and prefetched row by row (NB interleaved streams) an AMD EPYC (Zen 4) core
+// read ~14 GB/s where one stream reads ~27 (in address order ~23).
 template <int M, int NB, typename T>
 inline void Tile(const float* x, const T* table, float* out, int64_t d, int64_t v, int64_t n) {
   const int64_t body = d - d % kLanes;
@@ -127,7 +129,7 @@ inline void Tile(const float* x, const T* table, float* out, int64_t d, int64_t 
   for (int64_t k = 0; k < body; k += kLanes) {
     Vec wk[NB];
     for (int b = 0; b < NB; ++b) {
-      __builtin_prefetch(w + b * d + k + NB * d);  // past the table's end: a no-op
+      __builtin_prefetch(w + NB * d + k * NB + b * kLanes);  // past the table's end: a no-op
       wk[b] = Load(w + b * d + k);
     }
     for (int j = 0; j < M; ++j) {
@@ -143,33 +145,40 @@ inline void Tile(const float* x, const T* table, float* out, int64_t d, int64_t 
     }
 }
 
-// Table rows [n, n + NB) against all m feature rows, in passes of up to kMaxRows: the table
-// rows are read from memory once and stay in L1 for the later passes.
-template <int NB, typename T>
-void TileRows(const float* x, const T* table, float* out, int64_t m, int64_t d, int64_t v,
-              int64_t n) {
-  for (int64_t j0 = 0; j0 < m; j0 += kMaxRows) {
-    const float* xj = x + j0 * d;
-    float* oj = out + j0 * v;
-    switch (std::min<int64_t>(m - j0, kMaxRows)) {
-      case 1: Tile<1, NB, T>(xj, table, oj, d, v, n); break;
-      case 2: Tile<2, NB, T>(xj, table, oj, d, v, n); break;
-      case 3: Tile<3, NB, T>(xj, table, oj, d, v, n); break;
-      case 4: Tile<4, NB, T>(xj, table, oj, d, v, n); break;
-      case 5: Tile<5, NB, T>(xj, table, oj, d, v, n); break;
-      case 6: Tile<6, NB, T>(xj, table, oj, d, v, n); break;
-      case 7: Tile<7, NB, T>(xj, table, oj, d, v, n); break;
-      default: Tile<8, NB, T>(xj, table, oj, d, v, n); break;
-    }
+// Table rows [n0, n1) against m feature rows, a tile of table rows at a time: passes of kMaxRows
+// feature rows, then one of R (the rest), while the tile's rows stay in L1. One function per R,
+// kept out of line: inlined into a larger caller, GCC kept the accumulators on the stack (a store
+// and a load each multiply-add; int8 tables at ~10 GB/s where this reads ~22 on one core).
+template <int R, typename T>
+__attribute__((noinline)) void RowsOf(const float* x, const T* table, float* out, int64_t m,
+                                      int64_t d, int64_t v, int64_t n0, int64_t n1) {
+  const int64_t full = m - R;  // rows in passes of kMaxRows before the last R
+  int64_t n = n0;
+  for (; n + kTileRows <= n1; n += kTileRows) {
+    for (int64_t j = 0; j < full; j += kMaxRows)
+      Tile<kMaxRows, kTileRows, T>(x + j * d, table, out + j * v, d, v, n);
+    Tile<R, kTileRows, T>(x + full * d, table, out + full * v, d, v, n);
+  }
+  for (; n < n1; ++n) {
+    for (int64_t j = 0; j < full; j += kMaxRows)
+      Tile<kMaxRows, 1, T>(x + j * d, table, out + j * v, d, v, n);
+    Tile<R, 1, T>(x + full * d, table, out + full * v, d, v, n);
   }
 }
 
 template <typename T>
 void Rows(const float* x, const T* table, float* out, int64_t m, int64_t d, int64_t v,
           int64_t n0, int64_t n1) {
-  int64_t n = n0;
-  for (; n + kTileRows <= n1; n += kTileRows) TileRows<kTileRows, T>(x, table, out, m, d, v, n);
-  for (; n < n1; ++n) TileRows<1, T>(x, table, out, m, d, v, n);
+  switch ((m - 1) % kMaxRows + 1) {
+    case 1: return RowsOf<1, T>(x, table, out, m, d, v, n0, n1);
+    case 2: return RowsOf<2, T>(x, table, out, m, d, v, n0, n1);
+    case 3: return RowsOf<3, T>(x, table, out, m, d, v, n0, n1);
+    case 4: return RowsOf<4, T>(x, table, out, m, d, v, n0, n1);
+    case 5: return RowsOf<5, T>(x, table, out, m, d, v, n0, n1);
+    case 6: return RowsOf<6, T>(x, table, out, m, d, v, n0, n1);
+    case 7: return RowsOf<7, T>(x, table, out, m, d, v, n0, n1);
+    default: return RowsOf<8, T>(x, table, out, m, d, v, n0, n1);
+  }
 }
 
 #ifdef SPECULAX_AMX
