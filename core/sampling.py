@@ -13,6 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from speculax.core import rejection
 from speculax.core.fields import Checked, field
 
 
@@ -61,11 +62,14 @@ def probs(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
 
 
 def sample(key: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
-  """One token per row: logits [..., v] -> [...] int32."""
+  """One token per row: logits [..., v] -> [...] int32, drawn from probs(logits) by the inverse
+  of its cdf: one uniform a row where `jax.random.categorical` draws v Gumbel values (SmolLM2's
+  49152-token law on a 2-core CPU: 0.37 ms against 1.37, a step of a sampled draft chain)."""
   if cfg.greedy:
     return jnp.argmax(logits, -1).astype(jnp.int32)
   p = probs(logits, cfg)
-  return jax.random.categorical(key, jnp.log(p), axis=-1).astype(jnp.int32)
+  flat = p.reshape(-1, p.shape[-1])  # [rows, v]
+  return rejection.inverse_cdf(jax.random.uniform(key, flat.shape[:1]), flat).reshape(p.shape[:-1])
 
 
 def top_probability(logits: jax.Array, q: jax.Array | None = None) -> jax.Array:

@@ -47,3 +47,11 @@ def test_samples_follow_exact_distribution():
   freq = np.bincount(np.asarray(draws), minlength=6) / 20000
   assert np.abs(freq - exact).sum() / 2 < 0.015  # TV distance; ~0.005 expected at n=20000
   assert freq[exact == 0].sum() == 0
+
+
+def test_samples_keep_each_rows_law_for_any_leading_shape():
+  rng = np.random.default_rng(1)
+  logits = rng.normal(size=(4, 5, 6)).astype(np.float32)  # [b, k, v], as a Medusa step's
+  draws = sample(jax.random.key(0), logits, SamplingConfig(temperature=1.0, top_k=1))
+  assert draws.shape == (4, 5)
+  np.testing.assert_array_equal(draws, logits.argmax(-1))
