@@ -5,6 +5,7 @@ import dataclasses
 import os
 import platform
 import time
+from pathlib import Path
 from typing import Callable
 
 import jax
@@ -21,9 +22,23 @@ from speculax.models.kvcache import KVCache
 
 
 def machine() -> str:
+  """The machine in words, the CPU's model name included where Linux gives it: the same
+  2-core size has been an Intel CPU with AMX and an AMD EPYC, whose kernels' speeds differ."""
   dev = jax.devices()[0]
-  return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"jax {jax.__version__} on {dev.platform} ({dev.device_kind})")
+  cpu = platform.processor() or platform.machine()
+  if name := cpu_model():
+    cpu = f"{cpu} ({name})"
+  return f"{cpu}, {os.cpu_count()} cores, jax {jax.__version__} on {dev.platform} ({dev.device_kind})"
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+  """cpuinfo's first "model name", or None where there is none (not Linux, or not given)."""
+  try:
+    lines = cpuinfo.read_text().splitlines()
+  except OSError:
+    return None
+  return next((line.split(":", 1)[1].strip() for line in lines
+               if line.startswith("model name") and ":" in line), None) or None
 
 
 def chained_seconds(step: Callable, carry, *args, repeats: int = 10) -> float:

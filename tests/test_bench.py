@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from speculax.bench import report, suites
+from speculax.bench import measure, report, suites
 from speculax.bench.config import BenchConfig, Method, load_config, method, shipped
 from speculax.bench.measure import run_prompts
 from speculax.bench.run import run
@@ -305,3 +305,13 @@ def test_repeats_run_round_robin_and_report_the_median(tiny, prompts_file, tmp_p
   assert "| tok/s | tok/s rounds |" in md and "the median of each row's rounds" in md
   rounds = " ".join(f"{x:.3g}" for x in rows[1]["tokens_per_s_rounds"])
   assert f"| {rounds} |" in md
+
+
+def test_the_machine_line_names_the_cpu_model(tmp_path):
+  info = tmp_path / "cpuinfo"
+  info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14\n"
+                  "processor\t: 1\nmodel name\t: AMD EPYC 9R14\n")
+  assert measure.cpu_model(info) == "AMD EPYC 9R14"
+  info.write_text("processor\t: 0\nmodel name\t:\n")
+  assert measure.cpu_model(info) is None
+  assert measure.cpu_model(tmp_path / "absent") is None
