@@ -28,7 +28,8 @@ def machine() -> str:
   cpu = platform.processor() or platform.machine()
   if name := cpu_model():
     cpu = f"{cpu} ({name})"
-  return f"{cpu}, {os.cpu_count()} cores, jax {jax.__version__} on {dev.platform} ({dev.device_kind})"
+  return (f"{cpu}, {os.cpu_count()} cores, jax {jax.__version__} on {dev.platform} "
+          f"({dev.device_kind})")
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
