@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from speculax.core import rejection
+from speculax.core.sampling import draw
 
 SCHEMES = ("iid", "without_replacement", "greedy")
 
@@ -44,12 +45,10 @@ SCHEMES = ("iid", "without_replacement", "greedy")
 
 def draw_drafts(key: jax.Array, q: jax.Array, n: int, scheme: str) -> jax.Array:
   """n drafts per row from q [b, v] by `scheme` -> [b, n] int32."""
-  logq = jnp.log(q)
   if scheme == "iid":
-    return jax.random.categorical(key, logq[:, None], axis=-1, shape=(q.shape[0], n)) \
-        .astype(jnp.int32)
+    return draw(key, jnp.broadcast_to(q[:, None], (q.shape[0], n, q.shape[1])))
   if scheme == "without_replacement":  # Gumbel top-n: sequential draws without replacement
-    return jax.lax.top_k(logq + jax.random.gumbel(key, q.shape), n)[1].astype(jnp.int32)
+    return jax.lax.top_k(jnp.log(q) + jax.random.gumbel(key, q.shape), n)[1].astype(jnp.int32)
   if scheme == "greedy":
     top = jax.lax.top_k(q, n - 1)[1] if n > 1 else jnp.zeros((q.shape[0], 0), jnp.int32)
     rest = _without(q, top)

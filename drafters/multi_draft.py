@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from speculax.core import multi_draft as md
 from speculax.core.fields import field
-from speculax.core.sampling import SamplingConfig, probs
+from speculax.core.sampling import SamplingConfig, draw, probs
 from speculax.core.trees import ancestor_mask
 from speculax.core.types import Draft, TargetView, Verified
 from speculax.drafters.draft_model import DraftModel
@@ -87,7 +87,7 @@ def draft_branches(params, config: LlamaConfig, cache: KVCache, last: jax.Array,
       level = jnp.argmax(logits, -1).astype(jnp.int32)
     else:
       q = probs(logits, sampling)
-      level = jax.random.categorical(keys[d], jnp.log(q), -1).astype(jnp.int32)
+      level = draw(keys[d], q)
     tokens.append(level)
     laws.append(q)
   q = None if sampling.greedy else jnp.concatenate(laws, 1)

@@ -30,13 +30,14 @@ def _table(shape, seed, dtype):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int8], ids=["f32", "bf16", "i8"])
 @pytest.mark.parametrize("m, v, d", [(1, 7, 16), (2, 100, 40), (4, 1000, 576), (8, 301, 33),
                                      (9, 130, 64), (16, 4096, 64), (5, 1, 17), (3, 4096, 576),
-                                     (20, 512, 96), (37, 160, 64)])
+                                     (20, 512, 96), (37, 160, 64), (0, 50, 40)])
 def test_equals_numpy(m, v, d, dtype):
   """d not a multiple of 16 (a tail), v not a multiple of a tile or a chunk, more rows than one
-  pass takes (9, 16), tables large enough to be shared among threads (4096 x 64, 1000 x 576);
-  a bfloat16 or int8 table is read exactly (the reference takes the same values). With AMX
-  (rows_cpu.amx()) bfloat16 tables of d a multiple of 32 and v of 16 go to the tile units:
-  one, two and three groups of 16 rows (3, 20, 37), features to 16 bits (the same tolerance)."""
+  pass takes (9, 16), no rows (0), tables large enough to be shared among threads (4096 x 64,
+  1000 x 576); a bfloat16 or int8 table is read exactly (the reference takes the same values).
+  With AMX (rows_cpu.amx()) bfloat16 tables of d a multiple of 32 and v of 16 go to the tile
+  units: one, two and three groups of 16 rows (3, 20, 37), features to 16 bits (the same
+  tolerance)."""
   x, table = _random((m, d), 0), _table((v, d), 1, dtype)
   out = np.asarray(jax.jit(rows_cpu.rows_dot)(x, table))
   assert out.shape == (m, v) and out.dtype == np.float32

@@ -169,6 +169,7 @@ __attribute__((noinline)) void RowsOf(const float* x, const T* table, float* out
 template <typename T>
 void Rows(const float* x, const T* table, float* out, int64_t m, int64_t d, int64_t v,
           int64_t n0, int64_t n1) {
+  if (m == 0) return;  // no feature rows (RowsOf takes at least one)
   switch ((m - 1) % kMaxRows + 1) {
     case 1: return RowsOf<1, T>(x, table, out, m, d, v, n0, n1);
     case 2: return RowsOf<2, T>(x, table, out, m, d, v, n0, n1);
