@@ -52,7 +52,7 @@ def draw_drafts(key: jax.Array, q: jax.Array, n: int, scheme: str) -> jax.Array:
   if scheme == "greedy":
     top = jax.lax.top_k(q, n - 1)[1] if n > 1 else jnp.zeros((q.shape[0], 0), jnp.int32)
     rest = _without(q, top)
-    last = jax.random.categorical(key, jnp.log(rest), axis=-1)[:, None]
+    last = draw(key, rest)[:, None]  # rest all zeros (nothing left): some zero-mass token
     return jnp.concatenate([top, last], 1).astype(jnp.int32)
   raise ValueError(f"draft scheme must be one of {SCHEMES}, got {scheme!r}")
 
