@@ -54,6 +54,11 @@ constexpr int kLanes = 16;
 constexpr int kMaxRows = 8;  // feature rows per pass over a tile (accumulators in registers)
 constexpr int kTileRows = 3;  // table rows per tile: 8 x 3 accumulators + 4 operands in 32 zmm
 constexpr int64_t kChunkRows = 42 * kTileRows;  // table rows per unit of work among threads
+// How far ahead of the tile being read its prefetch runs: whole tiles, at least one, at least
+// this many bytes. A tile of int8 rows (1.7 KB at d = 576) takes too little time to cover the
+// memory's latency with one tile ahead: SmolLM2's int8 tables at one row read 16 GB/s so, 23 with
+// 4 tiles (6.9 KB) ahead (Zen 4, 2 cores); float32 tiles (6.9 KB) keep one tile ahead.
+constexpr int64_t kPrefetchBytes = 8192;
 constexpr int64_t kMinParallelBytes = 1 << 18;  // smaller tables: one thread (waking costs more)
 
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
@@ -116,22 +121,24 @@ inline float LaneSum(Vec a) {  // halves added pairwise: lanes i and i + 8, then
 }
 
 // Table rows [n, n + NB) against M feature rows from x; out rows are v apart. Each table chunk
-// is loaded once for M rows and each feature chunk once for NB table rows. The next tile's bytes
-// are prefetched in address order as this one's are read: without it the hardware's prefetch fell
+// is loaded once for M rows and each feature chunk once for NB table rows. The bytes of a tile
+// `ahead` elements on (kPrefetchBytes) are prefetched in address order as this one's are read: without it the hardware's prefetch fell
 // behind from 2 rows on (Intel, SmolLM2's head at 4 / 8 rows: 4.9 / 6.1 ms, prefetched 2.2 / 2.6;
 // one row 2.5 / 2.2), and prefetched row by row (NB interleaved streams) an AMD EPYC (Zen 4) core
 // read ~14 GB/s where one stream reads ~27 (in address order ~23).
 template <int M, int NB, typename T>
-inline void Tile(const float* x, const T* table, float* out, int64_t d, int64_t v, int64_t n) {
+inline void Tile(const float* x, const T* table, float* out, int64_t d, int64_t v, int64_t n,
+                 int64_t ahead) {
   const int64_t body = d - d % kLanes;
   const T* w = table + n * d;
+  const T* next = w + ahead;
   Vec acc[M][NB] = {};
   for (int64_t k = 0; k < body; k += kLanes) {
     Vec wk[NB];
     for (int b = 0; b < NB; ++b) {
       // Into L2, not L1 (prefetcht1): at 8 feature rows (18 KB of them) the next tile's 7 KB
       // in L1 evicted the features (Zen 4, 8 rows from DRAM: 27 against 18 GMAC/s a core).
-      __builtin_prefetch(w + NB * d + k * NB + b * kLanes, 0, 2);  // past the table's end: a no-op
+      __builtin_prefetch(next + k * NB + b * kLanes, 0, 2);  // past the table's end: a no-op
       wk[b] = Load(w + b * d + k);
     }
     for (int j = 0; j < M; ++j) {
@@ -161,16 +168,18 @@ template <int R, typename T>
 __attribute__((noinline)) void RowsOf(const float* x, const T* table, float* out, int64_t m,
                                       int64_t d, int64_t v, int64_t n0, int64_t n1) {
   const int64_t full = m - R;  // rows in passes of kMaxRows before the last R
+  const int64_t tile = kTileRows * d;  // a tile's elements
+  const int64_t ahead = tile * std::max<int64_t>(1, kPrefetchBytes / (tile * sizeof(T)));
   int64_t n = n0;
   for (; n + kTileRows <= n1; n += kTileRows) {
     for (int64_t j = 0; j < full; j += kMaxRows)
-      Tile<kMaxRows, kTileRows, T>(x + j * d, table, out + j * v, d, v, n);
-    Tile<R, kTileRows, T>(x + full * d, table, out + full * v, d, v, n);
+      Tile<kMaxRows, kTileRows, T>(x + j * d, table, out + j * v, d, v, n, ahead);
+    Tile<R, kTileRows, T>(x + full * d, table, out + full * v, d, v, n, ahead);
   }
   for (; n < n1; ++n) {
     for (int64_t j = 0; j < full; j += kMaxRows)
-      Tile<kMaxRows, 1, T>(x + j * d, table, out + j * v, d, v, n);
-    Tile<R, 1, T>(x + full * d, table, out + full * v, d, v, n);
+      Tile<kMaxRows, 1, T>(x + j * d, table, out + j * v, d, v, n, ahead);
+    Tile<R, 1, T>(x + full * d, table, out + full * v, d, v, n, ahead);
   }
 }
 
