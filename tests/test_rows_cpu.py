@@ -97,8 +97,8 @@ def _form(features, table) -> str:
 
 
 @pytest.mark.parametrize("rows, dtype, switch, form", [
-    (1, jnp.float32, "1", "kernel"), (32, jnp.float32, "1", "kernel"),
-    (33, jnp.float32, "1", "sliced"), (65, jnp.float32, "1", "one dot"),
+    (1, jnp.float32, "1", "kernel"), (rows_cpu.MAX_ROWS, jnp.float32, "1", "kernel"),
+    (rows_cpu.MAX_ROWS + 1, jnp.float32, "1", "sliced"), (65, jnp.float32, "1", "one dot"),
     (2, jnp.bfloat16, "1", "kernel"), (2, jnp.float16, "1", "sliced"),
     (2, jnp.float32, "0", "sliced")])
 def test_table_dot_takes_the_kernel_for_few_float32_rows(monkeypatch, rows, dtype, switch, form):

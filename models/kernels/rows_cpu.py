@@ -2,7 +2,7 @@
 over the table: x [m, d] . table [v, d] over d -> [m, v], float32, the table float32, bfloat16 or
 int8 (rows_cpu.cc; an int8 table's scales are applied outside, models/tables.Q8).
 
-Why not XLA: decoding and verifying multiply 1-32 rows with every weight of the model once per
+Why not XLA: decoding and verifying multiply 1-56 rows with every weight of the model once per
 step, a bandwidth-bound product, and XLA:CPU runs it well below the machine's bandwidth (its
 matrix-vector dot for one row, YNNPACK's GEMM for more: models/tables.py). Measured (x86_64, 2
 cores, 2026-12-04, SmolLM2-135M's 211 dense tables, 538 MB, in one jitted function, ms at 1 / 2 /
@@ -50,9 +50,10 @@ TARGET = "speculax_rows_dot"
 SWITCH = "SPECULAX_ROWS_KERNEL"  # "0": off
 AMX_SWITCH = "SPECULAX_ROWS_AMX"  # "0": bfloat16 tables take the vector path even with AMX
 CACHE = "SPECULAX_CACHE"
-MAX_ROWS = 32  # feature rows up to which models/tables.py asks the kernel: at 64 XLA's sliced
-# dot ran ~15% faster (SmolLM2's 211 dense tables, ms at 16 / 32 / 64 rows: kernel 36 / 56 / 93,
-# XLA 49 / 67 / 78)
+MAX_ROWS = 56  # feature rows up to which models/tables.py asks the kernel: from 64 XLA's sliced
+# dot ran faster (SmolLM2's 211 dense tables, ms at 16 / 32 / 40 / 48 / 56 / 64 rows, AMD EPYC Zen
+# 4, 2 cores, 2026-12-05: kernel 32 / 55 / 69 / 81 / 95 / 121, XLA 36 / 56 / 76 / 94 / 121 / 102;
+# on an Intel CPU, 2026-12-04, at 16 / 32 / 64: kernel 36 / 56 / 93, XLA 49 / 67 / 78)
 TABLE_DTYPES = (jnp.float32, jnp.bfloat16, jnp.int8)
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 
