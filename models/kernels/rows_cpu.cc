@@ -55,9 +55,9 @@ constexpr int kMaxRows = 8;  // feature rows per pass over a tile (accumulators 
 constexpr int kTileRows = 3;  // table rows per tile: 8 x 3 accumulators + 4 operands in 32 zmm
 constexpr int64_t kChunkRows = 42 * kTileRows;  // table rows per unit of work among threads
 // How far ahead of the tile being read its prefetch runs: whole tiles, at least one, at least
-// this many bytes. A tile of int8 rows (1.7 KB at d = 576) takes too little time to cover the
-// memory's latency with one tile ahead: SmolLM2's int8 tables at one row read 16 GB/s so, 23 with
-// 4 tiles (6.9 KB) ahead (Zen 4, 2 cores); float32 tiles (6.9 KB) keep one tile ahead.
+// this many bytes. Reading a tile of int8 rows (1.7 KB at d = 576) takes too little time to cover
+// the memory's latency with one tile ahead: SmolLM2's int8 tables at one row read 16 GB/s that
+// way, 23 with 4 tiles (6.9 KB) ahead (Zen 4, 2 cores); float32 tiles (6.9 KB) keep one ahead.
 constexpr int64_t kPrefetchBytes = 8192;
 constexpr int64_t kMinParallelBytes = 1 << 18;  // smaller tables: one thread (waking costs more)
 
@@ -120,12 +120,13 @@ inline float LaneSum(Vec a) {  // halves added pairwise: lanes i and i + 8, then
   return a2[0] + a2[1];
 }
 
-// Table rows [n, n + NB) against M feature rows from x; out rows are v apart. Each table chunk
-// is loaded once for M rows and each feature chunk once for NB table rows. The bytes of a tile
-// `ahead` elements on (kPrefetchBytes) are prefetched in address order as this one's are read: without it the hardware's prefetch fell
-// behind from 2 rows on (Intel, SmolLM2's head at 4 / 8 rows: 4.9 / 6.1 ms, prefetched 2.2 / 2.6;
-// one row 2.5 / 2.2), and prefetched row by row (NB interleaved streams) an AMD EPYC (Zen 4) core
-// read ~14 GB/s where one stream reads ~27 (in address order ~23).
+// Table rows [n, n + NB) against M feature rows from x; out rows are v apart. Each table chunk is
+// loaded once for M rows and each feature chunk once for NB table rows. The bytes of the tile
+// `ahead` elements on (kPrefetchBytes) are prefetched in address order as this one's are read:
+// without it the hardware's prefetch fell behind from 2 rows on (Intel, SmolLM2's head at 4 / 8
+// rows: 4.9 / 6.1 ms, prefetched 2.2 / 2.6; one row 2.5 / 2.2), and prefetched row by row (NB
+// interleaved streams) an AMD EPYC (Zen 4) core read ~14 GB/s where one stream reads ~27 (in
+// address order ~23).
 template <int M, int NB, typename T>
 inline void Tile(const float* x, const T* table, float* out, int64_t d, int64_t v, int64_t n,
                  int64_t ahead) {
