@@ -48,8 +48,7 @@ def chained_seconds(step: Callable, carry, *args, repeats: int = 10) -> float:
   buffer is updated in place), median of 3 runs over `repeats`. A lone jitted call adds its host
   dispatch: on an H100 ~0.7 ms, most of a SmolLM2 forward, and ~100 us, an attention call's
   whole reading at 512 slots."""
-  loop = jax.jit(lambda carry, *args: jax.lax.fori_loop(
-      0, repeats, lambda _, c: step(c, *args), carry))
+  loop = chained(step, repeats)
   jax.block_until_ready(loop(carry, *args))
   times = []
   for _ in range(3):
@@ -59,11 +58,23 @@ def chained_seconds(step: Callable, carry, *args, repeats: int = 10) -> float:
   return float(np.median(times)) / repeats
 
 
+def chained(step: Callable, repeats: int) -> Callable:
+  """loop(carry, *args): `repeats` steps chained in one jitted loop (chained_seconds')."""
+  return jax.jit(lambda carry, *args: jax.lax.fori_loop(
+      0, repeats, lambda _, c: step(c, *args), carry))
+
+
 def forward_seconds(model, t: int, repeats: int = 10, batch: int = 1) -> float:
   """Device time of one t-token forward of `batch` rows against a cache holding 256 of 512 slots:
   the verify forward of t - 1 drafts (t = 1: a one-token step), outside any decode loop, chained
   as a decode loop runs them (`chained_seconds`: each forward's tokens are the last one's argmax;
   the cache is carried, so its writes are in place, as the loop's are)."""
+  step, carry, params = forward_step(model, t, batch)
+  return chained_seconds(step, carry, params, repeats=repeats)
+
+
+def forward_step(model, t: int, batch: int = 1) -> tuple[Callable, tuple, dict]:
+  """forward_seconds' step(carry, params) -> carry, its first carry (tokens, cache) and params."""
   cfg, params = model.config, llama.unstack_layers(model.params)
   cache = KVCache.init(cfg, batch, 512, per_layer=True).with_lengths(jnp.full((batch,), 256))
   positions = jnp.broadcast_to(256 + jnp.arange(t, dtype=jnp.int32)[None], (batch, t))
@@ -74,7 +85,7 @@ def forward_seconds(model, t: int, repeats: int = 10, batch: int = 1) -> float:
     tokens = jnp.broadcast_to(jnp.argmax(logits[:, -1], -1)[:, None], tokens.shape)
     return tokens.astype(jnp.int32), cache.with_lengths(jnp.full((batch,), 256))
 
-  return chained_seconds(step, (jnp.ones((batch, t), jnp.int32), cache), params, repeats=repeats)
+  return step, (jnp.ones((batch, t), jnp.int32), cache), params
 
 
 @dataclasses.dataclass
