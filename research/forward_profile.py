@@ -24,7 +24,7 @@ KINDS = {"ffi_call": "products (rows kernel)", "ynn_fusion": "YNNPACK fusions"}
 OTHER = "other thunks"
 # Events that are not a thunk's own work: runtime bookkeeping ("::" names, "end: " markers),
 # Python frames ("$"), and thunks that hold others (the chained loop itself).
-CONTAINERS = ("while", "wrapped_while", "conditional", "call")
+CONTAINERS = ("while", "conditional", "call")  # the HLO ops that hold computations
 
 
 def thunk_ms(events: list[dict], forwards: int) -> dict:
