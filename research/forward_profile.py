@@ -4,7 +4,8 @@ chained in one jitted loop as `bench.measure.forward_seconds` times them, traced
 `jax.profiler`. XLA:CPU writes an event per thunk it runs; they are summed by kind, in ms per
 forward: the few-row products (FFI custom calls: the rows kernel), YNNPACK's fusions (with the
 kernel on, attention's dots and reductions), and every other thunk (norms, RoPE, transposes,
-the mask's selects, the cache writes), beside the loop's wall time per forward.
+the mask's selects, the cache writes), beside the loop's wall time per forward; JSON, table and a
+stacked bar plot.
 
   python -m speculax.research.forward_profile [--tokens 1 8] [--batch 1] [--repeats 10]
 """
@@ -100,8 +101,28 @@ def main(argv: list[str] | None = None) -> None:
   path.write_text(json.dumps(dict(machine=machine(), target=args.model, batch=args.batch,
                                   repeats=args.repeats, rows=rows), indent=1))
   (args.out / "forward_profile.md").write_text(md + "\n")
+  plot(rows, args.batch, args.out / "forward_profile.png")
   print(md)
   print(f"wrote {path}")
+
+
+def plot(rows: list[dict], batch: int, path) -> None:
+  """A stacked bar per width t: each kind's ms, the wall time marked above."""
+  from matplotlib.figure import Figure
+  fig = Figure(figsize=(6, 4))
+  ax = fig.subplots()
+  labels = [str(r["t"]) for r in rows]
+  bottom = [0.0] * len(rows)
+  for kind in rows[0]["ms"]:
+    ms = [r["ms"][kind] for r in rows]
+    ax.bar(labels, ms, bottom=bottom, label=kind)
+    bottom = [b + m for b, m in zip(bottom, ms)]
+  ax.plot(labels, [r["wall_ms"] for r in rows], "k_", markersize=30, label="wall")
+  ax.set_xlabel("tokens in the forward (t)")
+  ax.set_ylabel(f"ms per forward, batch {batch}")
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

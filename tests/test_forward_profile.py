@@ -55,6 +55,7 @@ def test_the_script_writes_a_row_per_width(tmp_path, tiny_chat_folder):
   result = json.loads((tmp_path / "forward_profile.json").read_text())
   assert [r["t"] for r in result["rows"]] == [1, 3] and result["machine"]
   assert (tmp_path / "forward_profile.md").read_text().count("\n") == 4  # header, rule, 2 rows
+  assert (tmp_path / "forward_profile.png").stat().st_size > 0
 
 
 def test_bad_widths_are_refused():
