@@ -46,7 +46,7 @@ SCHEMES = ("iid", "without_replacement", "greedy")
 def draw_drafts(key: jax.Array, q: jax.Array, n: int, scheme: str) -> jax.Array:
   """n drafts per row from q [b, v] by `scheme` -> [b, n] int32."""
   if scheme == "iid":
-    return draw(key, jnp.broadcast_to(q[:, None], (q.shape[0], n, q.shape[1])))
+    return draw(key, q, n)
   if scheme == "without_replacement":  # Gumbel top-n: sequential draws without replacement
     return jax.lax.top_k(jnp.log(q) + jax.random.gumbel(key, q.shape), n)[1].astype(jnp.int32)
   if scheme == "greedy":

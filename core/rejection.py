@@ -40,7 +40,8 @@ def residual(p: jax.Array, q: jax.Array) -> jax.Array:
 
 
 def inverse_cdf(u: jax.Array, dist: jax.Array) -> jax.Array:
-  """One token per row from dist [b, v] (unnormalized is fine) with uniforms u [b] -> [b] int32.
+  """One token per row from dist [b, v] (unnormalized is fine) with uniforms u [b] -> [b] int32;
+  with u [b, n], n tokens per row from one cdf -> [b, n].
 
   Needs b uniforms where `jax.random.categorical` needs b * v Gumbel draws (the whole vocab per
   row), and it never returns a zero-probability token: such a token's cdf equals its
@@ -49,6 +50,7 @@ def inverse_cdf(u: jax.Array, dist: jax.Array) -> jax.Array:
   """
   v = dist.shape[-1]
   cdf = jnp.cumsum(dist, -1)  # [b, v]
-  idx = jnp.sum(cdf <= (u * cdf[:, -1])[:, None], -1)  # [b] first index with cdf > u * total
+  draws = u.reshape(u.shape[0], -1) * cdf[:, -1:]  # [b, n] (n = 1 for u [b]): u * total
+  idx = jnp.sum(cdf[:, None] <= draws[..., None], -1)  # [b, n] first index with cdf > u * total
   last_positive = v - 1 - jnp.argmax(dist[:, ::-1] > 0, -1)  # [b]
-  return jnp.minimum(idx, last_positive).astype(jnp.int32)
+  return jnp.minimum(idx, last_positive[:, None]).reshape(u.shape).astype(jnp.int32)

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import json
 import pathlib
 import re
 import tempfile
 
-from speculax.research.trace_summary import busy_us
+from speculax.research.trace_summary import busy_us, find, read
 
 KINDS = {"ffi_call": "products (rows kernel)", "ynn_fusion": "YNNPACK fusions"}
 OTHER = "other thunks"
@@ -65,9 +64,7 @@ def profile(model, t: int, batch: int = 1, repeats: int = 10) -> dict:
   with tempfile.TemporaryDirectory() as folder:
     with jax.profiler.trace(folder, create_perfetto_trace=True):
       jax.block_until_ready(loop(carry, params))
-    path = next(pathlib.Path(folder).rglob("*.trace.json.gz"))
-    trace = json.loads(gzip.open(path).read())
-  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    events = read(find(pathlib.Path(folder)))
   return thunk_ms(events, repeats)
 
 

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.core.sampling import SamplingConfig, probs, sample
+from speculax.core.sampling import SamplingConfig, draw, probs, sample
 
 LOGITS = np.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0], np.float32)
 
@@ -47,6 +47,20 @@ def test_samples_follow_exact_distribution():
   freq = np.bincount(np.asarray(draws), minlength=6) / 20000
   assert np.abs(freq - exact).sum() / 2 < 0.015  # TV distance; ~0.005 expected at n=20000
   assert freq[exact == 0].sum() == 0
+
+
+def test_n_draws_a_row_follow_its_law_from_one_cdf():
+  """draw(key, p, n): n independent tokens a row, each row's own law (the exact one, and never a
+  zero-mass token), the same tokens as one draw from each of n copies of the row."""
+  p = np.stack([_softmax(LOGITS), np.array([0, 0.5, 0, 0.25, 0.25, 0], np.float32)])  # [2, 6]
+  draws = np.asarray(draw(jax.random.key(3), jnp.asarray(p), 20000))  # [2, 20000]
+  assert draws.shape == (2, 20000)
+  for row, law in zip(draws, p):
+    freq = np.bincount(row, minlength=6) / 20000
+    assert np.abs(freq - law).sum() / 2 < 0.015 and freq[law == 0].sum() == 0
+  copies = jnp.broadcast_to(jnp.asarray(p)[:, None], (2, 5, 6))  # n = 5 copies of each row
+  np.testing.assert_array_equal(draw(jax.random.key(4), jnp.asarray(p), 5),
+                                draw(jax.random.key(4), copies))
 
 
 def test_samples_keep_each_rows_law_for_any_leading_shape():

@@ -2,14 +2,14 @@
 over the table: x [m, d] . table [v, d] over d -> [m, v], float32, the table float32, bfloat16 or
 int8 (rows_cpu.cc; an int8 table's scales are applied outside, models/tables.Q8).
 
-Why not XLA: decoding and verifying multiply 1-56 rows with every weight of the model once per
-step, a bandwidth-bound product, and XLA:CPU runs it well below the machine's bandwidth (its
-matrix-vector dot for one row, YNNPACK's GEMM for more: models/tables.py). Measured (x86_64, 2
-cores, 2026-12-04, SmolLM2-135M's 211 dense tables, 538 MB, in one jitted function, ms at 1 / 2 /
-4 / 8 / 16 / 32 rows): this kernel 20 / 20 / 22 / 25 / 36 / 56, XLA's sliced dot 26 / 33 / 35 /
-39 / 50 / 68. On an AMD EPYC (Zen 4, 2 cores, 2026-12-05) the whole forward ran 5-17% faster than
-with XLA's dots at 1-16 rows, an 8-token one 1.29 one-token ones (rows_cpu.cc says why it streams
-each tile in address order, prefetched into L2, there). Pallas does not compile for the CPU, so the
+Why not XLA: decoding and verifying multiply 1-56 rows with every weight of the model once per step,
+a bandwidth-bound product, and XLA:CPU runs it well below the machine's bandwidth (its matrix-vector
+dot for one row, YNNPACK's GEMM for more: models/tables.py). Measured (x86_64, 2 cores, 2026-12-04,
+SmolLM2-135M's 211 dense tables, 538 MB, in one jitted function, ms at 1 / 2 / 4 / 8 / 16 / 32
+rows): this kernel 20 / 20 / 22 / 25 / 36 / 56, XLA's sliced dot 26 / 33 / 35 / 39 / 50 / 68. On an
+AMD EPYC (Zen 4, 2 cores, 2026-12-05) the whole forward ran 5-23% faster than with XLA's dots at 1-8
+rows, an 8-token one 1.21 one-token ones (rows_cpu.cc says why it streams each tile in address
+order, prefetched into L2 several KB ahead, there). Pallas does not compile for the CPU, so the
 kernel is C++ behind JAX's foreign function interface (`jax.ffi`), the tool JAX provides for a CPU
 kernel of one's own.
 
