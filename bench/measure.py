@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculax.core.sampling import argmax
 from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.metrics import decode_rate
@@ -82,7 +83,7 @@ def forward_step(model, t: int, batch: int = 1) -> tuple[Callable, tuple, dict]:
   def step(carry, params):  # tokens [b, t], the cache
     tokens, cache = carry
     logits, _, cache = llama.forward(params, cfg, tokens, positions, cache)  # [b, t, v]
-    tokens = jnp.broadcast_to(jnp.argmax(logits[:, -1], -1)[:, None], tokens.shape)
+    tokens = jnp.broadcast_to(argmax(logits[:, -1])[:, None], tokens.shape)
     return tokens.astype(jnp.int32), cache.with_lengths(jnp.full((batch,), 256))
 
   return step, (jnp.ones((batch, t), jnp.int32), cache), params

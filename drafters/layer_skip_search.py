@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from speculax.core.sampling import argmax
 from speculax.core.tau import expected_tokens
 from speculax.models import llama
 from speculax.models.config import LlamaConfig
@@ -122,7 +123,7 @@ def top1(params, config: LlamaConfig, tokens, keep):  # -> [b, t] int32
   """Argmax next token at every position of the model that runs only the `keep` [l] layers."""
   positions = llama.row_positions(*tokens.shape)
   logits, _, _ = llama.forward(params, config, tokens, positions, layer_mask=keep)
-  return jnp.argmax(logits, -1).astype(jnp.int32)
+  return argmax(logits)
 
 
 def _keep_mask(n_layers: int, skip) -> np.ndarray:  # [l] bool

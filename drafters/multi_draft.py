@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from speculax.core import multi_draft as md
 from speculax.core.fields import field
-from speculax.core.sampling import SamplingConfig, draw, probs
+from speculax.core.sampling import SamplingConfig, argmax, draw, probs
 from speculax.core.trees import ancestor_mask
 from speculax.core.types import Draft, TargetView, Verified
 from speculax.drafters.draft_model import DraftModel
@@ -84,7 +84,7 @@ def draft_branches(params, config: LlamaConfig, cache: KVCache, last: jax.Array,
     if d == k:
       break
     if sampling.greedy:
-      level = jnp.argmax(logits, -1).astype(jnp.int32)
+      level = argmax(logits)
     else:
       q = probs(logits, sampling)
       level = draw(keys[d], q)

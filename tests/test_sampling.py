@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.core.sampling import SamplingConfig, draw, probs, sample
+from speculax.core.sampling import SamplingConfig, argmax, draw, probs, sample
 
 LOGITS = np.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0], np.float32)
 
@@ -18,6 +18,21 @@ def test_temperature_and_greedy():
   np.testing.assert_allclose(probs(LOGITS, SamplingConfig(temperature=0.7)), _softmax(LOGITS / 0.7),
                              rtol=1e-6)
   np.testing.assert_array_equal(probs(LOGITS, SamplingConfig()), np.eye(6)[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+def test_argmax_is_numpys_first_maximum(dtype):
+  rng = np.random.default_rng(0)
+  x = rng.integers(-3, 4, (5, 4, 300)).astype(np.float32)  # few values: ties in every row
+  x[0, 0] = -np.inf  # a row of -inf: index 0
+  x[1, 1, [7, 40]] = np.nan  # NaN wins, its first one (as jnp.argmax)
+  x[2, 2, 299] = 9.0  # the last slot
+  got = np.asarray(argmax(jnp.asarray(x, dtype)))
+  assert got.dtype == np.int32 and got.shape == (5, 4)
+  want = np.argmax(x, -1)  # numpy: the first maximum, the first NaN
+  np.testing.assert_array_equal(got, want)
+  assert (got[0, 0], got[1, 1], got[2, 2]) == (0, 7, 299)
+  np.testing.assert_array_equal(jax.jit(argmax)(jnp.asarray(x, dtype)), want)
 
 
 def test_top_k_keeps_k_largest():

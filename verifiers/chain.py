@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from speculax.core import rejection
-from speculax.core.sampling import SamplingConfig, probs, sample
+from speculax.core.sampling import SamplingConfig, argmax, probs, sample
 from speculax.core.types import Draft, Verified
 from speculax.verifiers.base import Forward, Verifier, safe_tokens
 from speculax.verifiers.judge import Judge
@@ -145,7 +145,7 @@ def _check_shapes(target_logits, draft_tokens, draft_probs, sampling) -> None:
 
 
 def _verify_greedy(target_logits, draft_tokens, checked):
-  best = jnp.argmax(target_logits, -1).astype(jnp.int32)  # [b, k+1]
+  best = argmax(target_logits)  # [b, k+1]
   n = rejection.accepted_prefix((draft_tokens == best[:, :-1]) & checked)  # [b]
   next_token = jnp.take_along_axis(best, n[:, None], 1)[:, 0]  # [b]
   return n, next_token

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculax.core.fields import Checked, field
+from speculax.core.sampling import argmax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Judge(Checked):
     if hidden is None:
       raise ValueError("a judge head reads the target's features at the drafts' slots; "
                        "verify_chain got no draft_hidden")
-    best = draft_tokens == jnp.argmax(p, -1)
+    best = draft_tokens == argmax(p)
     return best | (scores(self, hidden) > self.threshold)
 
   def __str__(self) -> str:

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from speculax.core import multi_draft as md
 from speculax.core import rejection
 from speculax.core.fields import Checked, field
-from speculax.core.sampling import SamplingConfig, probs
+from speculax.core.sampling import SamplingConfig, argmax, probs
 from speculax.core.trees import StaticTree, ancestor_mask
 from speculax.core.types import Draft, Verified
 from speculax.verifiers.base import Forward, Verifier, safe_tokens
@@ -62,7 +62,7 @@ class MultiDraftVerifier(Verifier, Checked):
     k_first, k_chain = jax.random.split(key)
     first, first_ok = nodes[:, :n], valid[:, :n].all(1)  # [b, n], [b]
     if sampling.greedy:
-      y = jnp.argmax(logits[:, 0], -1).astype(jnp.int32)
+      y = argmax(logits[:, 0])
       hit = first == y[:, None]
       branch = jnp.where(hit.any(1), jnp.argmax(hit, 1), -1)
     else:
@@ -92,7 +92,7 @@ def _continue(key, logits, nodes, valid, draft_probs, chain, sampling):
   if chain.shape[1] == 1:  # no later drafts: the bonus token
     p = probs(chain_logits[:, 0], sampling)
     u = jax.random.uniform(key, p.shape[:1])
-    nxt = jnp.argmax(p, -1) if sampling.greedy else rejection.inverse_cdf(u, p)
+    nxt = argmax(p) if sampling.greedy else rejection.inverse_cdf(u, p)
     return jnp.zeros(p.shape[:1], jnp.int32), nxt.astype(jnp.int32)
   later = chain[:, 1:] - 1  # [b, k - 1] their index among the drafts
   q = None if sampling.greedy else at(draft_probs, later).astype(jnp.float32)

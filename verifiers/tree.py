@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from speculax.core import rejection
-from speculax.core.sampling import SamplingConfig, probs
+from speculax.core.sampling import SamplingConfig, argmax, probs
 from speculax.core.trees import Tree, ancestor_mask, children_table, depths, path_to
 from speculax.core.types import Draft, Verified
 from speculax.verifiers.base import Forward, Verifier, safe_tokens
@@ -84,7 +84,7 @@ def verify_tree(
   node_depths = depths(parents, depth)  # [b, n + 1]
   valid = jnp.ones(tokens.shape, bool) if valid is None else valid
   if sampling.greedy:
-    best = jnp.argmax(target_logits, -1).astype(jnp.int32)  # [b, n + 1]
+    best = argmax(target_logits)  # [b, n + 1]
     node = _greedy_node(best, tokens, parents, node_depths, depth, valid)
     nxt = jnp.take_along_axis(best, node[:, None], 1)[:, 0]
   else:
