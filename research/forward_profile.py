@@ -27,19 +27,19 @@ OTHER = "other thunks"
 CONTAINERS = ("while", "conditional", "call")  # the HLO ops that hold computations
 
 
-def thunk_ms(events: list[dict], forwards: int) -> dict:
-  """Per forward: ms of the thunks of each kind (KINDS, else OTHER), the number of thunks of
-  each kind, and `wall_ms`, the ms "ThunkExecutor::Execute" events cover (the loop)."""
+def thunks(events: list[dict], keep=lambda event: True
+           ) -> tuple[collections.Counter, collections.Counter]:
+  """(ms, count) of the thunks of each kind (KINDS, else OTHER) among the events `keep` takes:
+  every event a thunk's own work, not the host's Python frames, runtime bookkeeping or the
+  thunks that hold others."""
   python = {(e["pid"], e["tid"]) for e in events  # the host's Python thread: frames, no thunks
             if e.get("ph") == "M" and e.get("name") == "thread_name"
             and e["args"].get("name") == "python"}
-  wall = busy_us([(e["ts"], e["ts"] + e["dur"]) for e in events  # executions may nest
-                  if e.get("ph") == "X" and e["name"] == "ThunkExecutor::Execute"])
   ms, calls = collections.Counter(), collections.Counter()
   for e in events:
     name = e.get("name", "")
     if (e.get("ph") != "X" or (e.get("pid"), e.get("tid")) in python or "::" in name
-        or name.startswith(("end: ", "$"))):
+        or name.startswith(("end: ", "$")) or not keep(e)):
       continue
     base = re.sub(r"[.\d]+$", "", name)
     if base in CONTAINERS:
@@ -47,9 +47,22 @@ def thunk_ms(events: list[dict], forwards: int) -> dict:
     kind = KINDS.get(base, OTHER)
     ms[kind] += e["dur"] / 1e3
     calls[kind] += 1
+  return ms, calls
+
+
+def thunk_ms(events: list[dict], forwards: int) -> dict:
+  """Per forward: ms of the thunks of each kind (KINDS, else OTHER), the number of thunks of
+  each kind, and `wall_ms`, the ms "ThunkExecutor::Execute" events cover (the loop)."""
+  wall = busy_us([(e["ts"], e["ts"] + e["dur"]) for e in events  # executions may nest
+                  if e.get("ph") == "X" and e["name"] == "ThunkExecutor::Execute"])
+  ms, calls = thunks(events)
+  return dict(wall_ms=wall / 1e3 / forwards, **per(ms, calls, forwards))
+
+
+def per(ms: collections.Counter, calls: collections.Counter, n: int) -> dict:
+  """{"ms": .., "calls": ..} of every kind, divided by n (forwards, loop steps)."""
   kinds = [*KINDS.values(), OTHER]
-  return dict(wall_ms=wall / 1e3 / forwards, ms={k: ms[k] / forwards for k in kinds},
-              calls={k: calls[k] / forwards for k in kinds})
+  return dict(ms={k: ms[k] / n for k in kinds}, calls={k: calls[k] / n for k in kinds})
 
 
 def profile(model, t: int, batch: int = 1, repeats: int = 10) -> dict:
@@ -98,29 +111,28 @@ def main(argv: list[str] | None = None) -> None:
   path.write_text(json.dumps(dict(machine=machine(), target=args.model, batch=args.batch,
                                   repeats=args.repeats, rows=rows), indent=1))
   (args.out / "forward_profile.md").write_text(md + "\n")
-  plot(rows, args.batch, args.out / "forward_profile.png")
+  plot(rows, [str(r["t"]) for r in rows], "tokens in the forward (t)",
+       f"ms per forward, batch {args.batch}", args.out / "forward_profile.png")
   print(md)
   print(f"wrote {path}")
 
 
-def plot(rows: list[dict], batch: int, path) -> None:
-  """A stacked bar per width t: each kind's ms, the wall time marked above."""
+def plot(rows: list[dict], labels: list[str], xlabel: str, ylabel: str, path) -> None:
+  """A stacked bar per row (labelled by `labels`): each kind's ms, the wall time marked above."""
   from matplotlib.figure import Figure
-  fig = Figure(figsize=(6, 4))
+  fig = Figure(figsize=(max(6, 1.6 * len(rows)), 4))
   ax = fig.subplots()
-  labels = [str(r["t"]) for r in rows]
   bottom = [0.0] * len(rows)
   for kind in rows[0]["ms"]:
     ms = [r["ms"][kind] for r in rows]
     ax.bar(labels, ms, bottom=bottom, label=kind)
     bottom = [b + m for b, m in zip(bottom, ms)]
   ax.plot(labels, [r["wall_ms"] for r in rows], "k_", markersize=30, label="wall")
-  ax.set_xlabel("tokens in the forward (t)")
-  ax.set_ylabel(f"ms per forward, batch {batch}")
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
   ax.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=120)
-
 
 if __name__ == "__main__":
   main()

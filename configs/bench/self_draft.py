@@ -3,11 +3,12 @@
 behind prompt lookup's copies, `lookup=2`) and int8 (each table row scaled to 127, the whole
 vocabulary, long chains, and long chains cut by Kangaroo's early exit where a draft's top
 probability falls below a threshold), beside prompt lookup and the shipped EAGLE + TTT behind
-lookup (the fastest trained drafter; k = 4-8 for the longer copies of code), on held-out
-HumanEval and chat prompts, greedy and t = 1, batch 1 and 8. A bfloat16 draft reads half the
-bytes of a target step, an int8 one a quarter, and each parts from the target's own choice only
-where rounding tips a near tie, so nearly all are kept at either temperature; the verify reads
-the float32 weights, so output stays the float32 target's.
+lookup (the fastest trained drafter; k = 1-2 for batch 8, whose verify is bound by multiply-adds,
+and k = 4-8 for the longer copies of code), on held-out HumanEval and chat prompts, greedy and t =
+1, batch 1 and 8. A bfloat16 draft reads half the bytes of a target step, an int8 one a quarter,
+and each parts from the target's own choice only where rounding tips a near tie, so nearly all are
+kept at either temperature; the verify reads the float32 weights, so output stays the float32
+target's.
 
   speculax bench --config self_draft   (~45 min on 2 CPU cores; --method to pick rows)
 """
@@ -21,7 +22,7 @@ INT8 = dict(draft_dtype="int8", **SELF)
 BENCH = BenchConfig(
     methods=(method("prompt lookup", "prompt-lookup", k=4),
              *(method(f"eagle-ttt + lookup k={k}", "eagle", k=k, lookup=2, **EAGLE)
-               for k in (3, 4, 5, 6, 8)),
+               for k in (1, 2, 3, 4, 5, 6, 8)),
              method("bf16 self k=2", "layer-skip", k=2, **SELF, **BF16),
              *(method(f"bf16 self k={k}, full vocabulary", "layer-skip", k=k,
                       draft_dtype="bfloat16", **SELF) for k in (2, 4, 6)),
