@@ -24,7 +24,9 @@ KINDS = {"ffi_call": "products (rows kernel)", "ynn_fusion": "YNNPACK fusions"}
 OTHER = "other thunks"
 # Events that are not a thunk's own work: runtime bookkeeping ("::" names, "end: " markers),
 # Python frames ("$"), and thunks that hold others (the chained loop itself).
-CONTAINERS = ("while", "conditional", "call")  # the HLO ops that hold computations
+# The HLO ops that hold computations (lax.cond's is named "cond"; a thunk of a cloned
+# computation is named "<op>.<n>.clone": a decode loop's conditional "cond.5.clone").
+CONTAINERS = ("while", "conditional", "cond", "call")
 
 
 def thunks(events: list[dict], keep=lambda event: True
@@ -41,7 +43,7 @@ def thunks(events: list[dict], keep=lambda event: True
     if (e.get("ph") != "X" or (e.get("pid"), e.get("tid")) in python or "::" in name
         or name.startswith(("end: ", "$")) or not keep(e)):
       continue
-    base = re.sub(r"[.\d]+$", "", name)
+    base = re.sub(r"[.\d]+$", "", re.sub(r"\.clone[.\d]*$", "", name))
     if base in CONTAINERS:
       continue
     kind = KINDS.get(base, OTHER)
