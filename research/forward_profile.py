@@ -136,5 +136,6 @@ def plot(rows: list[dict], labels: list[str], xlabel: str, ylabel: str, path) ->
   fig.tight_layout()
   fig.savefig(path, dpi=120)
 
+
 if __name__ == "__main__":
   main()

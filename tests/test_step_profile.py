@@ -19,7 +19,8 @@ def test_only_the_loops_thunks_count():
   events = [_event("ffi_call.3", "jit_prefill", 5000), _event("ffi_call.3", "jit_spec_loop", 700),
             _event("ynn_fusion", "jit_decode_loop", 300), _event("add_fusion.2", "jit_stage", 90),
             _event("while.1", "jit_spec_loop", 9000),  # these hold others: not a thunk's work
-            _event("cond.5.clone", "jit_spec_loop", 950), _event("copy.3.clone", "jit_spec_loop", 40)]
+            _event("cond.5.clone", "jit_spec_loop", 950),
+            _event("copy.3.clone", "jit_spec_loop", 40)]
   ms, calls = step_profile.thunks(events, step_profile.in_loop)
   assert ms == pytest.approx({"products (rows kernel)": 0.7, "YNNPACK fusions": 0.3,
                              "other thunks": 0.04})
