@@ -3,9 +3,11 @@ decode loop and autoregressive decoding on the same prompts, each prompt decoded
 (compiling and warming both loops) and once traced with jax.profiler; XLA:CPU's thunk events of
 the decode loop's own program (not the prefill's) summed by kind as research/forward_profile.py
 sums a forward's (the rows kernel's products, YNNPACK's fusions, every other thunk), per loop
-step, beside the step's wall ms (the decode loop's seconds over its steps) and tau. A drafting
-step's extra over a plain one is the drafter's passes and the wider verify; tau over the step's
-cost in plain steps is the loop's speed-up. JSON, table and a stacked bar plot, named
+step, beside the step's wall ms (the decode loop's seconds over its steps) and tau. A third loop,
+prompt lookup at the same k (whose drafts are copies: its drafting all but free), prices the verify
+of k drafts alone, so a drafting step's extra over a plain one splits into the wider verify (with
+its bookkeeping) and the drafter's passes; tau over the step's cost in plain steps is the loop's
+speed-up. JSON, table and a stacked bar plot, named
 by suite and batch (step_profile_chat.json, step_profile_humaneval_b8.json).
 
   python -m speculax.research.step_profile --drafter eagle --heads
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
   from speculax.decode.config import SpecConfig
   from speculax.decode.generate import generate
   from speculax.decode.speculative import speculative_generate
+  from speculax.drafters.prompt_lookup import PromptLookup
   from speculax.models.load import load
 
   try:
@@ -83,9 +86,14 @@ def main(argv: list[str] | None = None) -> None:
   plain = lambda batch, warm: generate(model.params, model.config, batch, spec, key, warmup=warm)
   drafting = lambda batch, warm: speculative_generate(
       model.params, model.config, batch, drafter, spec, dparams, key, warmup=warm)
+  copying = lambda batch, warm: speculative_generate(
+      model.params, model.config, batch, PromptLookup(), spec, None, key, warmup=warm)
   label = f"{drafter_label(args)} k={args.k}"
-  rows = [dict(method=name, **profile(run, batches))
-          for name, run in (("autoregressive", plain), (label, drafting))]
+  loops = [("autoregressive", "plain", plain)]
+  if not isinstance(drafter, PromptLookup):  # its verify of k drafts with drafting all but free
+    loops.append((f"prompt-lookup k={args.k}", "verify alone", copying))
+  loops.append((label, "drafting", drafting))
+  rows = [dict(method=name, **profile(run, batches)) for name, _, run in loops]
   kinds = list(rows[0]["ms"])
   md = table(["method", "steps", "tau", "wall ms a step", *(f"{k} ms" for k in kinds),
               *(f"{k}: thunks" for k in kinds), "x AR in the loop"],
@@ -100,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                                   prompts=args.prompts, batch=args.batch,
                                   new_tokens=args.new_tokens, rows=rows), indent=1))
   (args.out / f"{name}.md").write_text(md + "\n")
-  plot(rows, ["autoregressive", "drafting"], f"decode loop ({label})",
+  plot(rows, [short for _, short, _ in loops], f"decode loop ({label})",
        f"ms per loop step, batch {args.batch}, {args.suite}", args.out / f"{name}.png")
   print(md)
   print(f"wrote {path}")

@@ -50,12 +50,17 @@ def test_a_plain_step_makes_one_kernel_call_per_table_and_lookup_adds_none(tiny)
 
 
 @pytest.mark.slow  # the tiny chat target reads SmolLM2's tokenizer from the GGUF
-def test_the_script_writes_both_loops(tmp_path, tiny_chat_folder):
+@pytest.mark.parametrize("drafter, methods", [
+    (["--drafter", "layer-skip", "--skip", "1"],  # the verify alone priced by prompt lookup
+     ["autoregressive", "prompt-lookup k=2", "layer-skip skip=(1,) k=2"]),
+    ([], ["autoregressive", "prompt-lookup k=2"])])  # prompt lookup is that loop already
+def test_the_script_writes_each_loop(tmp_path, tiny_chat_folder, drafter, methods):
   step_profile.main(["--model", str(tiny_chat_folder), "--out", str(tmp_path), "--prompts", "1",
-                     "--new-tokens", "6", "-k", "2", "--suite", "chat"])
+                     "--new-tokens", "6", "-k", "2", "--suite", "chat", *drafter])
   result = json.loads((tmp_path / "step_profile_chat.json").read_text())
-  assert [r["method"] for r in result["rows"]] == ["autoregressive", "prompt-lookup k=2"]
-  assert (tmp_path / "step_profile_chat.md").read_text().count("\n") == 4  # header, rule, 2 rows
+  assert [r["method"] for r in result["rows"]] == methods
+  # header, rule, a row per loop
+  assert (tmp_path / "step_profile_chat.md").read_text().count("\n") == 2 + len(methods)
   assert (tmp_path / "step_profile_chat.png").stat().st_size > 0
 
 
