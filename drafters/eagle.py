@@ -44,6 +44,7 @@ from speculax.core.fields import field
 from speculax.core.sampling import SamplingConfig, probs, sample, top_probability
 from speculax.core.trees import Tree
 from speculax.core.types import Draft, TargetView, Verified
+from speculax.drafters import low_precision
 from speculax.drafters.base import Drafter
 from speculax.drafters.chain import exit_step
 from speculax.drafters.feature_layer import (defer, init_layer, last_fed, layer_config,
@@ -82,6 +83,9 @@ class Eagle(Drafter):
   # Decoder layers of the drafter (params "layer", then "layer1", "layer2", ...).
   draft_layers: int = field(1, ge=1, le=8)
   max_lag: int = field(16, ge=0, le=256)  # goodput's plain steps fed in one block (Drafter)
+  # Its tables (the draft layers, fc, the output rows it scores with) in this dtype when decoding
+  # (drafters/low_precision.py; int8: a quarter of float32's bytes, half of bf16's); None: as stored.
+  draft_dtype: low_precision.DraftDtype | None = None
 
   def __post_init__(self):
     super().__post_init__()
@@ -107,13 +111,20 @@ class Eagle(Drafter):
     super().check(target, params, k)
 
   def prepare(self, params, target_params, target):
-    """VocabTrim's rows (Drafter.prepare), then every dense weight as a table of output rows
-    (models/tables.py): a draft step multiplies a few rows with each, the product the tables (and
-    the CPU rows kernel) run fastest."""
+    """VocabTrim's rows (Drafter.prepare, in draft_dtype), then every dense weight as a table of
+    output rows (models/tables.py): a draft step multiplies a few rows with each, the product the
+    tables (and the CPU rows kernel) run fastest; with draft_dtype the tables in it, and without
+    VocabTrim the target's output layer too (its copy, made once per call)."""
     params = super().prepare(params, target_params, target)
-    layers = {_layer_key(i): llama.layer_tables(p) for i, p in enumerate(_layers(params))}
-    return {**params, **layers,
-            **{key: as_table(params[key], 1) for key in ("fc", "fuse") if key in params}}
+    dtype = self.draft_dtype
+    low = (lambda layer: layer) if dtype is None else (
+        lambda layer: low_precision.lowered_layer(layer, dtype))
+    layers = {_layer_key(i): low(llama.layer_tables(p)) for i, p in enumerate(_layers(params))}
+    tables = low({key: as_table(params[key], 1) for key in ("fc", "fuse") if key in params})
+    head = ({} if dtype is None or self.vocab_trim else
+            {low_precision.HEAD: low_precision.lowered(
+                llama.output_table(target_params, target), dtype)})
+    return {**params, **layers, **tables, **head}
 
   def init_params(self, config, key=None) -> dict:
     """A residual identity to start from, as zero Medusa heads: fc passes g through (the

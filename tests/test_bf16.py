@@ -218,7 +218,7 @@ def test_bad_draft_dtype_is_refused(tiny, kind):
 def test_draft_dtype_is_for_drafters_with_a_forward_of_their_own(tiny):
   cfg, params = tiny
   with pytest.raises(ValueError, match=r"prompt-lookup takes no draft_dtype \(draft_dtype is for "
-                                       r"layer-skip, draft-model, multi-draft-model\)"):
+                                       r"layer-skip, draft-model, multi-draft-model, eagle\)"):
     registry.make("prompt-lookup", params, cfg, draft_dtype="int8")
 
 

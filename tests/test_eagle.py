@@ -12,12 +12,12 @@ from speculax.core.trees import DynamicTree, StaticTree
 from speculax.core.types import TargetView
 from speculax.decode.config import SpecConfig
 from speculax.decode.speculative import speculative_generate
-from speculax.drafters import eagle
+from speculax.drafters import eagle, low_precision, vocab_trim
 from speculax.drafters.eagle import Eagle
 from speculax.models import llama
 from speculax.models.config import get_preset
 from speculax.models.sharding import MeshConfig
-from speculax.models.tables import Table
+from speculax.models.tables import Q8, Table
 
 from tiny_prompts import NEW, PROMPTS
 
@@ -111,6 +111,33 @@ def test_decoding_drafts_through_tables(tiny):
   tokens = jnp.asarray([[1, 2, 3]])
   entries = [eagle._entries(p, params, cfg, eagle._fuse(p, f), tokens) for p in (prepared, dparams)]
   np.testing.assert_allclose(*entries, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,trim", [("int8", 0), ("int8", 24), ("bfloat16", 24)])
+def test_eagle_drafts_from_its_tables_in_draft_dtype(tiny, tiny_reference, dtype, trim):
+  """draft_dtype: the draft layer's and fc's tables and the output rows it scores with (VocabTrim's,
+  or a copy of the target's whole output layer) in that dtype (int8: rows and a scale a row);
+  the entries stay those of the float32 tables to the dtype's rounding, output the target's."""
+  cfg, params = tiny
+  drafter = Eagle(vocab_trim=trim, draft_dtype=dtype)
+  dparams = _params(cfg, params, drafter)
+  if trim:
+    dparams[vocab_trim.IDS] = vocab_trim.frequency_order(tiny_reference, cfg.vocab_size)
+  prepared = drafter.prepare(dparams, params, cfg)
+  head = prepared[vocab_trim.TRIM]["rows"] if trim else prepared[low_precision.HEAD]
+  for rows in [prepared["layer"][name].rows for name in llama.DENSE_IN_AXES] + [
+      prepared["fc"].rows, head]:
+    assert (rows.rows.dtype if isinstance(rows, Q8) else rows.dtype) == jnp.dtype(dtype)
+    assert isinstance(rows, Q8) == (dtype == "int8")
+  f = jax.random.normal(jax.random.key(5), (1, 1, 3, cfg.d_model))
+  tokens = jnp.asarray([[1, 2, 3]])
+  full = Eagle(vocab_trim=trim).prepare(dparams, params, cfg)
+  entries = [eagle._entries(p, params, cfg, eagle._fuse(p, f), tokens) for p in (prepared, full)]
+  np.testing.assert_allclose(*entries, rtol=0.05, atol=0.05)
+  out = speculative_generate(params, cfg, PROMPTS[:4], drafter, SpecConfig(k=4, max_new_tokens=NEW),
+                             drafter_params=dparams)
+  assert out.tokens == tiny_reference[:4]
+  assert out.row_steps > 0
 
 
 @functools.partial(jax.jit, static_argnames=("drafter", "cfg"))
