@@ -84,7 +84,8 @@ class Eagle(Drafter):
   draft_layers: int = field(1, ge=1, le=8)
   max_lag: int = field(16, ge=0, le=256)  # goodput's plain steps fed in one block (Drafter)
   # Its tables (the draft layers, fc, the output rows it scores with) in this dtype when decoding
-  # (drafters/low_precision.py; int8: a quarter of float32's bytes, half of bf16's); None: as stored.
+  # (drafters/low_precision.py; int8: a quarter of float32's bytes, half of bf16's); None: as
+  # stored.
   draft_dtype: low_precision.DraftDtype | None = None
 
   def __post_init__(self):
