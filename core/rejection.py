@@ -52,5 +52,8 @@ def inverse_cdf(u: jax.Array, dist: jax.Array) -> jax.Array:
   cdf = jnp.cumsum(dist, -1)  # [b, v]
   draws = u.reshape(u.shape[0], -1) * cdf[:, -1:]  # [b, n] (n = 1 for u [b]): u * total
   idx = jnp.sum(cdf[:, None] <= draws[..., None], -1)  # [b, n] first index with cdf > u * total
-  last_positive = v - 1 - jnp.argmax(dist[:, ::-1] > 0, -1)  # [b]
+  # [b] the last token with mass (v - 1 where none has), as one max: jnp.argmax over the reversed
+  # row ran an element at a time on XLA:CPU (core.sampling.argmax)
+  last_positive = jnp.max(jnp.where(dist > 0, jnp.arange(v), -1), -1)
+  last_positive = jnp.where(last_positive < 0, v - 1, last_positive)
   return jnp.minimum(idx, last_positive[:, None]).reshape(u.shape).astype(jnp.int32)

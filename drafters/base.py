@@ -97,12 +97,19 @@ class Drafter(Checked, abc.ABC):
       self.check_params(target, without_order(params))
 
   def prepare(self, params, target_params, target: LlamaConfig):
-    """Host-side, once per call: the drafter's params in the form `propose` reads (with
-    VocabTrim, the kept rows of its output layer gathered once here)."""
-    if not self.vocab_trim:
-      return without_order(params)
-    head = self.kept_rows(params, target_params, target, params[vocab_trim.IDS][:self.vocab_trim])
-    return {**without_order(params), vocab_trim.TRIM: head}
+    """Host-side, once per call: the drafter's params in the form `propose` reads: with
+    VocabTrim, the kept rows of its output layer gathered once here (in draft_dtype, kept_rows);
+    else with draft_dtype, its whole output layer copied in it (`output` reads either). A
+    drafter's own prepare adds its layers."""
+    if self.vocab_trim:
+      head = self.kept_rows(params, target_params, target,
+                            params[vocab_trim.IDS][:self.vocab_trim])
+      return {**without_order(params), vocab_trim.TRIM: head}
+    params = without_order(params)
+    if self.draft_dtype is None:
+      return params
+    table = llama.output_table(*self.output_layer(params, target_params, target))
+    return {**(params or {}), low_precision.HEAD: low_precision.lowered(table, self.draft_dtype)}
 
   def kept_rows(self, params, target_params, target: LlamaConfig, ids) -> dict:
     """VocabTrim's rows of the output layer the drafter scores with, for the kept `ids`, in the

@@ -69,14 +69,13 @@ class DraftModel(Drafter):
     return params, self.config  # its own
 
   def prepare(self, params, target_params, target):
-    """VocabTrim's rows (Drafter.prepare) and the layers in decoding's form, or with draft_dtype
-    a copy of the layers and the output layer in it (once per call)."""
+    """VocabTrim's rows or the output layer (Drafter.prepare) and the layers in decoding's form,
+    or with draft_dtype a copy of the layers in it (once per call)."""
     params = super().prepare(params, target_params, target)
     if self.draft_dtype is None:
       return llama.unstack_layers(params) if not isinstance(params["layers"], tuple) else params
     n = self.config.n_layers
-    copy = low_precision.copy(params, self.config, tuple(range(n)), self.draft_dtype,
-                              head=not self.vocab_trim)  # VocabTrim's rows: lowered already
+    copy = low_precision.copy({"layers": params["layers"]}, tuple(range(n)), self.draft_dtype)
     return {**params, **copy, "layers": tuple(copy["layers"][i] for i in range(n))}
 
   def init(self, params, view: TargetView, config, max_len: int) -> KVCache:

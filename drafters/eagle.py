@@ -112,20 +112,17 @@ class Eagle(Drafter):
     super().check(target, params, k)
 
   def prepare(self, params, target_params, target):
-    """VocabTrim's rows (Drafter.prepare, in draft_dtype), then every dense weight as a table of
-    output rows (models/tables.py): a draft step multiplies a few rows with each, the product the
-    tables (and the CPU rows kernel) run fastest; with draft_dtype the tables in it, and without
-    VocabTrim the target's output layer too (its copy, made once per call)."""
+    """VocabTrim's rows or, with draft_dtype, the target's output layer in it (Drafter.prepare),
+    then every dense weight as a table of output rows (models/tables.py; with draft_dtype in it):
+    a draft step multiplies a few rows with each, the product the tables (and the CPU rows
+    kernel) run fastest."""
     params = super().prepare(params, target_params, target)
     dtype = self.draft_dtype
     low = (lambda layer: layer) if dtype is None else (
         lambda layer: low_precision.lowered_layer(layer, dtype))
     layers = {_layer_key(i): low(llama.layer_tables(p)) for i, p in enumerate(_layers(params))}
     tables = low({key: as_table(params[key], 1) for key in ("fc", "fuse") if key in params})
-    head = ({} if dtype is None or self.vocab_trim else
-            {low_precision.HEAD: low_precision.lowered(
-                llama.output_table(target_params, target), dtype)})
-    return {**params, **layers, **tables, **head}
+    return {**params, **layers, **tables}
 
   def init_params(self, config, key=None) -> dict:
     """A residual identity to start from, as zero Medusa heads: fc passes g through (the

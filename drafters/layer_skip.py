@@ -133,15 +133,13 @@ class LayerSkip(Drafter):
         raise ValueError(f"layer-skip keep list must be ascending without repeats, got {keep}")
 
   def prepare(self, params, target_params, target):
-    """VocabTrim's rows (Drafter.prepare) and, with draft_dtype, the kept layers and the
-    output layer copied in it (drafters/low_precision.py, once per call)."""
+    """VocabTrim's rows or the output layer (Drafter.prepare) and, with draft_dtype, the kept
+    layers copied in it (drafters/low_precision.py, once per call)."""
     params = super().prepare(params, target_params, target)
     if self.draft_dtype is None:
       return params
     used = tuple(sorted(set().union(*self.keep_sets)))
-    copy = low_precision.copy(target_params, target, used, self.draft_dtype,
-                              head=not self.vocab_trim)  # VocabTrim's rows: lowered already
-    return {**(params or {}), **copy}
+    return {**(params or {}), **low_precision.copy(target_params, used, self.draft_dtype)}
 
   def init(self, params, view: TargetView, config, max_len: int):
     if not self.alternatives:

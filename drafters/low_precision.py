@@ -18,7 +18,6 @@ import jax
 
 from speculax.core.dtypes import floats_as
 from speculax.models import llama
-from speculax.models.config import LlamaConfig
 from speculax.models.tables import Q8, Table
 
 DraftDtype = Literal["bfloat16", "float16", "int8"]
@@ -26,20 +25,19 @@ DRAFT_DTYPES = typing.get_args(DraftDtype)
 HEAD = "low_precision_head"  # the copied output layer's key in prepared params
 
 
-@functools.partial(jax.jit, static_argnames=("config", "used", "dtype", "head"))
-def copy(params, config: LlamaConfig, used: tuple[int, ...], dtype: str, head: bool) -> dict:
-  """The `used` layers of a model's params (stacked or unstacked) in decoding's form, fused, as
-  {"layers": {i: layer}}, and with `head` its output layer as a table [v, d] under HEAD, in
-  dtype. Jitted: eagerly, SmolLM2's 30 layers took 0.31-0.36 s a call, compiled 0.07-0.12 s."""
-  out = {"layers": {i: llama.fused_layer(lowered_layer(llama.decoding_layer(params, i), dtype))
-                    for i in used}}
-  if head:
-    out[HEAD] = lowered(llama.output_table(params, config), dtype)
-  return out
+@functools.partial(jax.jit, static_argnames=("used", "dtype"))
+def copy(params, used: tuple[int, ...], dtype: str) -> dict:
+  """The `used` layers of a model's params (stacked or unstacked) in decoding's form, fused, in
+  dtype, as {"layers": {i: layer}} (the output layer's copy: Drafter.prepare). Jitted: eagerly,
+  SmolLM2's 30 layers took 0.31-0.36 s a call, compiled 0.07-0.12 s."""
+  return {"layers": {i: llama.fused_layer(lowered_layer(llama.decoding_layer(params, i), dtype))
+                     for i in used}}
 
 
+@functools.partial(jax.jit, static_argnames="dtype")
 def lowered(table: jax.Array, dtype: str) -> jax.Array | Q8:
-  """A table of output rows [v, d] in dtype (int8: a scale per row)."""
+  """A table of output rows [v, d] in dtype (int8: a scale per row). Jitted: SmolLM2's output
+  layer to int8 took ~90 ms eagerly, once per call."""
   return Q8.of(table) if dtype == "int8" else table.astype(dtype)
 
 

@@ -22,10 +22,8 @@ from speculax.research.trace_summary import busy_us, find, read
 
 KINDS = {"ffi_call": "products (rows kernel)", "ynn_fusion": "YNNPACK fusions"}
 OTHER = "other thunks"
-# Events that are not a thunk's own work: runtime bookkeeping ("::" names, "end: " markers),
-# Python frames ("$"), and thunks that hold others (the chained loop itself).
-# The HLO ops that hold computations (lax.cond's is named "cond"; a thunk of a cloned
-# computation is named "<op>.<n>.clone": a decode loop's conditional "cond.5.clone").
+# The HLO ops that hold computations, whose events span their thunks' (`thunks` skips them):
+# lax.cond's is named "cond", and a cloned computation's "<op>.<n>.clone" ("cond.5.clone").
 CONTAINERS = ("while", "conditional", "cond", "call")
 
 
