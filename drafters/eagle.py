@@ -14,6 +14,12 @@ next entry reads (a_i, e(draft)).
   ("training-time test"): step s's entries read step s - 1's outputs and attend to the real
   entries before their rollout started plus their own rollout's entries, as at decode time.
 - EAGLE-2 dynamic trees: any decode.trees tree, grown level by level (drafters.tree_draft).
+- Shallow input (`shallow_layers` L, Kangaroo's shallow sub-network, Liu et al. 2024): token
+  i + 1 enters as the target's own residual after its first L layers (RMS-normed), not its
+  embedding: the target's layers run on the pending token and each draft against the target's
+  cache (writing the slots the verify overwrites), so the drafter reads a token already seen in
+  context. The entry at P - 1 waits for the pending token's shallow feature: the drafter's cache
+  then ends at P - 1 and the state keeps g at P - 1 instead of a. Chains only.
 - SpecDec++ (Huang et al. 2024) adaptive length: with `stop_threshold`, an acceptance head
   predicts the chance each draft is kept: the draft's own confidence (its top probability,
   EAGLE-2's acceptance proxy) corrected by a learned linear map of a_i; a chain stops once the
@@ -57,8 +63,9 @@ from speculax.models.tables import as_table, dense
 
 @flax.struct.dataclass
 class EagleState:
-  cache: KVCache  # the draft layer's cache; lengths = P, the pending token's position
-  feature: jax.Array  # [b, d] a at P - 1: its logits give the first draft
+  cache: KVCache  # the draft layer's cache; lengths = P, the pending token's position (P - 1
+  # with shallow_layers)
+  feature: jax.Array  # [b, d] a at P - 1: its logits give the first draft (shallow_layers: g)
   # [l, b, max_lag, d] target features of the entries plain steps left unfed, from slot
   # cache.lengths on (None without max_lag)
   backlog: jax.Array | None
@@ -87,6 +94,9 @@ class Eagle(Drafter):
   # (drafters/low_precision.py; int8: a quarter of float32's bytes, half of bf16's); None: as
   # stored.
   draft_dtype: low_precision.DraftDtype | None = None
+  # The target's first layers whose output stands for the token an entry reads (0: its
+  # embedding, EAGLE's own).
+  shallow_layers: int = field(0, ge=0)
 
   def __post_init__(self):
     super().__post_init__()
@@ -94,6 +104,8 @@ class Eagle(Drafter):
       raise ValueError("Eagle.feature_layers must name at least one target hidden state, got ()")
     if self.stop_threshold is not None and self.tree is not None:
       raise ValueError("stop_threshold (adaptive draft length) applies to chains; drop the tree")
+    if self.shallow_layers and self.tree is not None:
+      raise ValueError(f"shallow_layers={self.shallow_layers} drafts chains; drop the tree")
 
   @classmethod
   def eagle3(cls, n_layers: int, **kw) -> Eagle:
@@ -103,24 +115,30 @@ class Eagle(Drafter):
 
   @property
   def hidden_layers(self) -> tuple[int, ...]:
-    return self.feature_layers
+    """The fused features, then the shallow layers' output where it stands for the tokens."""
+    return self.feature_layers + ((self.shallow_layers,) if self.shallow_layers else ())
 
   def check(self, target, params, k: int) -> None:
     for i in self.feature_layers:
       if not -(target.n_layers + 1) <= i <= target.n_layers:
         raise ValueError(f"feature layer {i} out of range for {target.n_layers} layers")
+    if self.shallow_layers >= target.n_layers:
+      raise ValueError(f"shallow_layers={self.shallow_layers} must be below the target's "
+                       f"{target.n_layers} layers")
     super().check(target, params, k)
 
   def prepare(self, params, target_params, target):
     """VocabTrim's rows or, with draft_dtype, the target's output layer in it (Drafter.prepare),
-    then every dense weight as a table of output rows (models/tables.py; with draft_dtype in it):
-    a draft step multiplies a few rows with each, the product the tables (and the CPU rows
-    kernel) run fastest."""
+    then every dense weight as a table of output rows (models/tables.py; with draft_dtype in it),
+    q/k/v and gate/up as one table each (llama.fused_layer): a draft step multiplies a few rows
+    with each, the product the tables (and the CPU rows kernel) run fastest, and pays per call
+    as much as per byte."""
     params = super().prepare(params, target_params, target)
     dtype = self.draft_dtype
     low = (lambda layer: layer) if dtype is None else (
         lambda layer: low_precision.lowered_layer(layer, dtype))
-    layers = {_layer_key(i): low(llama.layer_tables(p)) for i, p in enumerate(_layers(params))}
+    layers = {_layer_key(i): llama.fused_layer(low(llama.layer_tables(p)))
+              for i, p in enumerate(_layers(params))}
     tables = low({key: as_table(params[key], 1) for key in ("fc", "fuse") if key in params})
     return {**params, **layers, **tables}
 
@@ -145,8 +163,13 @@ class Eagle(Drafter):
     - more draft layers: the saved layers come first, the new ones start as init_layer's
       identity (zero output projections) below the shared final norm;
     - fused features (EAGLE-3) from a one-feature drafter whose feature is among its own: the
-      fusion starts as that feature alone."""
+      fusion starts as that feature alone;
+    - shallow inputs other than the saved drafter's (shallow_layers): fc's token half starts at
+      zero, as init_params' does, so the run starts drafting from g alone."""
     params = {**params, **{k: fresh[k] for k in fresh if k.startswith("layer") and k not in params}}
+    if self.shallow_layers != saved.shallow_layers:
+      d = params["fc"].shape[1]
+      params = {**params, "fc": params["fc"].at[-d:].set(0)}  # [g; e] rows: e's zeroed
     if "fuse" in params or "fuse" not in fresh:
       return params
     layer = lambda i: i % (target.n_layers + 1)  # HF indexing: -1 is the last (final-normed)
@@ -183,26 +206,41 @@ class Eagle(Drafter):
   # ----- decoding -----
 
   def init(self, params, view: TargetView, config, max_len: int) -> EagleState:
-    """Feeds the prompt's real entries: feature i with token i + 1, up to the pending token."""
-    f = view.prompt_hidden  # [l, b, T, d]
-    b, t = f.shape[1:3]
+    """Feeds the prompt's real entries: feature i with token i + 1, up to the pending token (with
+    shallow_layers to the one before it: the pending token's shallow feature comes with the
+    next draft)."""
+    g, h = self._inputs(params, view.prompt_hidden, config)  # [b, T, d], h None or [b, T, d]
+    b, t, d = g.shape
+    rows, pending = jnp.arange(b), view.lengths - 1  # [b]
     cache = KVCache.init(layer_config(config, self.draft_layers), b, max_len, per_layer=True)
-    a, cache = _step(params, view.params, config, _fuse(params, f), view.history[:, 1:t + 1],
-                     llama.row_positions(b, t), cache, llama.causal_mask(b, t))
-    pending = view.lengths - 1  # [b]
-    backlog = (jnp.zeros((f.shape[0], b, self.max_lag, f.shape[-1]), f.dtype)
+    e = (_embed(view.params, config, view.history[:, 1:t + 1]) if h is None else
+         jnp.concatenate([h[:, 1:], jnp.zeros_like(h[:, :1])], 1))  # token i + 1's
+    a, cache = _step(params, config, g, e, llama.row_positions(b, t), cache,
+                     llama.causal_mask(b, t))
+    if h is not None:  # entry P - 1 waits: its pending token has no shallow feature yet
+      return EagleState(cache.with_lengths(pending - 1), g[rows, pending - 1], None, config)
+    backlog = (jnp.zeros((len(self.feature_layers), b, self.max_lag, d), g.dtype)
                if self.max_lag else None)
-    return EagleState(cache.with_lengths(pending), a[jnp.arange(b), pending - 1], backlog, config)
+    return EagleState(cache.with_lengths(pending), a[rows, pending - 1], backlog, config)
 
   def propose(self, params, state: EagleState, view: TargetView, key, config, k: int,
               sampling: SamplingConfig):
-    root = state.cache.lengths  # [b] P
     output = self.output(params, view.params, config)
-    logits = output(state.feature)  # [b, v]
     if self.tree is not None:
+      logits = output(state.feature)  # [b, v]
       return self._tree(params, state, view, key, config, sampling, logits, output), state, view
-    b = logits.shape[0]
-    greedy = sampling.greedy
+    b, greedy = view.lengths.shape[0], sampling.greedy
+    ones = jnp.ones((b, 1, 1), bool)
+    token = self._token_input(view, config)  # (tokens [b], slots [b], target cache)
+    root, feature, cache = state.cache.lengths, state.feature, state.cache  # root: [b] P
+    # The target cache where the shallow layers write the K/V of the tokens they run on.
+    tcache = view.cache if self.shallow_layers else None
+    if self.shallow_layers:  # entry P - 1, with the pending token's shallow feature
+      root = root + 1
+      e, tcache = token(view.pending, root, tcache)
+      a, cache = _step(params, config, feature[:, None], e, (root - 1)[:, None], cache, ones)
+      feature = a[:, 0]
+    logits = output(feature)  # [b, v]
 
     def draw(s, tokens, q, logits, feature, p_kept, length):  # draft s from `feature`'s logits
       tok = sample(jax.random.fold_in(key, s), logits, sampling)  # [b]
@@ -218,26 +256,49 @@ class Eagle(Drafter):
         length = jnp.where(stop, s + 1, length)
       return tokens, q, p_kept, length, tok
 
-    def body(c):  # feeds draft s - 1, draws draft s: no layer step after the last draft
-      s, tokens, q, feature, cache, p_kept, length, tok = c
-      a, cache = _step(params, view.params, config, feature[:, None], tok[:, None],
-                       (root + s - 1)[:, None], cache, jnp.ones((b, 1, 1), bool))
+    def body(c):  # feeds draft s - 1 (at slot P + s), draws draft s: none after the last draft
+      s, tokens, q, feature, cache, tcache, p_kept, length, tok = c
+      e, tcache = token(tok, root + s, tcache)
+      a, cache = _step(params, config, feature[:, None], e, (root + s - 1)[:, None], cache, ones)
       feature = a[:, 0]
       logits = output(feature)
       tokens, q, p_kept, length, tok = draw(s, tokens, q, logits, feature, p_kept, length)
-      return s + 1, tokens, q, feature, cache, p_kept, length, tok
+      return s + 1, tokens, q, feature, cache, tcache, p_kept, length, tok
 
     def cond(c):
       return (c[0] < k) & jnp.any(c[-2] == k)
 
     q0 = None if greedy else jnp.zeros((b, k, logits.shape[-1]), jnp.float32)
-    tokens, q, p_kept, length, tok = draw(0, jnp.zeros((b, k), jnp.int32), q0, logits,
-                                          state.feature, jnp.ones((b,), jnp.float32),
+    tokens, q, p_kept, length, tok = draw(0, jnp.zeros((b, k), jnp.int32), q0, logits, feature,
+                                          jnp.ones((b,), jnp.float32),
                                           jnp.full((b,), k, jnp.int32))
-    init = (jnp.ones((), jnp.int32), tokens, q, state.feature, state.cache, p_kept, length, tok)
-    _, tokens, q, *_, length, _ = jax.lax.while_loop(cond, body, init)
+    init = (jnp.ones((), jnp.int32), tokens, q, feature, cache, tcache, p_kept, length, tok)
+    _, tokens, q, _, _, tcache, _, length, _ = jax.lax.while_loop(cond, body, init)
     adaptive = self.stop_threshold is not None or self.exit_threshold is not None
+    view = view if tcache is None else view.replace(cache=tcache)
     return Draft(tokens, q, length=length if adaptive else None), state, view
+
+  def _token_input(self, view: TargetView, config):
+    """(tokens [b], their slots [b], target cache) -> (what an entry reads for them [b, 1, d],
+    the target cache): their embeddings, or with shallow_layers the target's first layers run on
+    them at those slots (their K/V written there; the cache's lengths unchanged)."""
+    if not self.shallow_layers:
+      return lambda tokens, slots, tcache: (_embed(view.params, config, tokens[:, None]), tcache)
+    n = self.shallow_layers
+    layers = tuple(view.params["layers"][i] for i in range(n))
+
+    def shallow(tokens, slots, tcache):
+      sub = KVCache(k=tcache.k[:n], v=tcache.v[:n], lengths=slots)
+      y, sub = run_layers(layers, config, llama.embed(view.params, config, tokens[:, None]),
+                          slots[:, None], sub, jnp.ones((tokens.shape[0], 1, 1), bool))
+      return _normed(y, config), tcache.replace(k=sub.k + tcache.k[n:], v=sub.v + tcache.v[n:])
+    return shallow
+
+  def _inputs(self, params, f, config):
+    """Target features [l (+ 1 with shallow_layers), ..., d] -> (g [..., d], the shallow layers'
+    output RMS-normed [..., d] or None)."""
+    n = len(self.feature_layers)
+    return _fuse(params, f[:n]), _normed(f[n], config) if self.shallow_layers else None
 
   def _tree(self, params, state: EagleState, view, key, config, sampling, logits,
             output) -> Draft:
@@ -249,7 +310,8 @@ class Eagle(Drafter):
       g = jnp.take_along_axis(parent, local[..., None], 1)  # [b, w, d]
       positions = (root + d - 1)[:, None] + jnp.zeros(level.shape, jnp.int32)
       # The root has no entry of its own (entry P - 1 is real): drop its mask column.
-      a, cache = _step(params, view.params, config, g, level, positions, cache, mask[..., 1:])
+      a, cache = _step(params, config, g, _embed(view.params, config, level), positions, cache,
+                       mask[..., 1:])
       return output(a), (cache, a)
 
     tokens, q, parents, _, _ = grow_tree(feed, (state.cache, state.feature[:, None]),
@@ -262,13 +324,28 @@ class Eagle(Drafter):
     b = verified.path.shape[0]
     rows = jnp.arange(b)[:, None]
     f = verified.hidden[:, rows, verified.path]  # [l, b, m, d], m = depth + 1
+    if self.shallow_layers:
+      return self._feed_shallow(params, state, view, f, verified.n_accepted)
     if verified.plain and self.max_lag:
       return state.replace(backlog=defer(state.backlog, f[:, :, 0], state.cache.lengths,
                                          view.lengths))
     return _feed(params, state, view, f)
 
+  def _feed_shallow(self, params, state: EagleState, view: TargetView, f: jax.Array,
+                    accepted: jax.Array) -> EagleState:
+    """Feeds the entries from the waiting one (slot P0 - 1) on: kept path node j's shallow
+    feature with the target feature before it, for nodes 0 .. accepted [b]; the last kept node's
+    feature waits for the new pending token. Plain steps too: no backlog."""
+    g, h = self._inputs(params, f, state.config)  # [b, m, d] each
+    b, m = g.shape[:2]
+    slots = state.cache.lengths[:, None] + jnp.arange(m)  # [b, m]
+    before = jnp.concatenate([state.feature[:, None], g[:, :-1]], 1)
+    _, cache = _step(params, state.config, before, h, slots, state.cache, llama.causal_mask(b, m))
+    return state.replace(cache=cache.with_lengths(view.lengths - 2),
+                         feature=g[jnp.arange(b), accepted])
+
   def lag(self, state: EagleState, view: TargetView) -> jax.Array:
-    return view.lengths - 1 - state.cache.lengths
+    return view.lengths - 1 - bool(self.shallow_layers) - state.cache.lengths
 
   def catch_up(self, params, state: EagleState, view: TargetView) -> EagleState:
     """Feeds the backlog's entries as one block of max_lag (those past the lag land beyond the
@@ -281,10 +358,12 @@ class Eagle(Drafter):
     """Rollouts of ttt_steps steps from every position (teacher-forced tokens): step s's
     output at position i belongs to the rollout started at r = i - s + 1 and is the law of the
     token the cache's distribution at r + s is of."""
-    f, tokens = batch["hidden"], batch["tokens"]  # [l, b, t, d], [b, t]
+    f, tokens = batch["hidden"], batch["tokens"]  # [l (+ 1), b, t, d], [b, t]
     b, t = tokens.shape
-    nxt = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], 1)  # [b, t] token i + 1 (last: pad)
-    x1 = _entries(params, frozen, config, _fuse(params, f), nxt)  # [b, t, d]
+    g, h = self._inputs(params, f, config)  # [b, t, d]
+    nxt = lambda z: jnp.concatenate([z[:, 1:], z[:, -1:]], 1)  # token i + 1's (last: pad)
+    e = _embed(frozen, config, nxt(tokens)) if h is None else nxt(h)  # [b, t, d]
+    x1 = _entries(params, g, e)  # [b, t, d]
     xs, logits, accept, out = [x1], [], [], {}
     head = self.train_head(frozen, config)
     for s in range(1, self.ttt_steps + 1):
@@ -303,7 +382,7 @@ class Eagle(Drafter):
         reg = (err * mask2).sum() / jnp.maximum(mask2.sum(), 1)
         out = {"aux_loss": self.feature_weight * reg, "metrics": {"feature_loss": reg}}
       g = jnp.concatenate([jnp.zeros_like(a[:, :1]), a[:, :-1]], 1)  # entry i reads a_{i-1}
-      xs.append(_entries(params, frozen, config, g, nxt))
+      xs.append(_entries(params, g, e))
     # The acceptance head always trains (it is tiny), so one trained drafter runs with or
     # without a stop threshold.
     return out | {"logits": jnp.stack(logits, 2), "accept_logits": jnp.stack(accept, 2)}
@@ -333,23 +412,34 @@ def _feed(params, state: EagleState, view: TargetView, f: jax.Array) -> EagleSta
   rows = jnp.arange(b)[:, None]
   slots = root[:, None] + jnp.arange(m)  # [b, m]
   nxt = view.history[rows, jnp.minimum(slots + 1, view.history.shape[1] - 1)]  # [b, m]
-  a, cache = _step(params, view.params, state.config, _fuse(params, f), nxt, slots,
-                   state.cache, llama.causal_mask(b, m))
+  a, cache = _step(params, state.config, _fuse(params, f), _embed(view.params, state.config, nxt),
+                   slots, state.cache, llama.causal_mask(b, m))
   return state.replace(cache=cache.with_lengths(view.lengths - 1),
                        feature=last_fed(a, root, view.lengths, state.feature))
 
 
-def _entries(params, frozen, config, g, tokens):
-  """x = W [g; e(token)]: g [b, t, d], tokens [b, t] -> [b, t, d]."""
-  e = llama.embed(frozen, config, tokens).astype(jnp.float32)
+def _embed(frozen, config, tokens):
+  """The target's embeddings of tokens [...] -> [..., d] float32: what EAGLE's entries read."""
+  return llama.embed(frozen, config, tokens).astype(jnp.float32)
+
+
+def _normed(h, config):
+  """The shallow layers' output [..., d] RMS-normed (no scale): what an entry reads for a token
+  with shallow_layers."""
+  return llama.rms_norm(h.astype(jnp.float32), jnp.ones(h.shape[-1], jnp.float32),
+                        config.norm_eps)
+
+
+def _entries(params, g, e):
+  """x = W [g; e]: g [b, t, d] and what the entry reads for token i + 1, e [b, t, d] -> [b, t, d]."""
   return dense(jnp.concatenate([g, e], -1), params["fc"], 1)
 
 
-def _step(params, frozen, config, g, tokens, positions, cache: KVCache, new_mask):
-  """Appends entries (g [b, t, d], tokens [b, t]) at positions to the draft cache; returns the
+def _step(params, config, g, e, positions, cache: KVCache, new_mask):
+  """Appends entries (g [b, t, d], e [b, t, d]) at positions to the draft cache; returns the
   drafter's features a [b, t, d] and the cache. new_mask [b, t, u] as KVCache.attention_mask."""
-  y, cache = run_layers(_layers(params), config, _entries(params, frozen, config, g, tokens),
-                        positions, cache, new_mask)
+  y, cache = run_layers(_layers(params), config, _entries(params, g, e), positions, cache,
+                        new_mask)
   return llama.rms_norm(y, params["norm"], config.norm_eps), cache
 
 

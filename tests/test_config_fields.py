@@ -93,6 +93,7 @@ BAD = {
     Eagle: {"feature_layers": ([-1], (), ("last",)), "ttt_steps": ints(1),
             "feature_weight": numbers(-0.1), "tree": TREE,
             "stop_threshold": ("0.5", 0.0, 1.0, NAN), "draft_layers": ints(1) + (9,),
+            "shallow_layers": ints(0),
             **CHEAPER, **LAG, **LOW},
     Recording: {"drafter": (None, "prompt-lookup", 3), "top_k": ints(1),
                 "all_positions": BOOL},

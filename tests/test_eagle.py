@@ -14,10 +14,12 @@ from speculax.decode.config import SpecConfig
 from speculax.decode.speculative import speculative_generate
 from speculax.drafters import eagle, low_precision, vocab_trim
 from speculax.drafters.eagle import Eagle
+from speculax.drafters.feature_layer import run_layers
 from speculax.models import llama
 from speculax.models.config import get_preset
+from speculax.models.kvcache import KVCache
 from speculax.models.sharding import MeshConfig
-from speculax.models.tables import Q8, Table
+from speculax.models.tables import Q8, Fused, Table
 
 from tiny_prompts import NEW, PROMPTS
 
@@ -40,7 +42,8 @@ def _params(cfg, params, drafter, seed=1):
 MODES = {"chain": Eagle(), "static-tree": Eagle(tree=StaticTree.full((3, 2, 1))),
          "dynamic-tree": Eagle(tree=DynamicTree(width=4, depth=3, children=3)),
          "eagle3": Eagle.eagle3(2), "adaptive": Eagle(stop_threshold=0.5),
-         "two-layer": Eagle(draft_layers=2, tree=DynamicTree(width=4, depth=3, children=3))}
+         "two-layer": Eagle(draft_layers=2, tree=DynamicTree(width=4, depth=3, children=3)),
+         "shallow": Eagle(shallow_layers=1, ttt_steps=2, stop_threshold=0.5)}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -76,10 +79,11 @@ def test_eagle_batch_one_and_sampled_run(tiny, tiny_reference):
   assert all(len(t) == NEW for t in sampled.tokens)
 
 
-@pytest.mark.parametrize("mode", ["chain", "static-tree", "eagle3", "two-layer"])
+@pytest.mark.parametrize("mode", ["chain", "static-tree", "eagle3", "two-layer", "shallow"])
 def test_eagle_cache_matches_a_recomputation(tiny, mode):
-  """After decoding, the drafter's feature equals a from-scratch pass of the draft layers over
-  the real entries (target features, next tokens): the cache kept the right path's entries."""
+  """After decoding, the drafter's feature and cache equal a from-scratch pass of the draft
+  layers over the real entries (target features, next tokens): the cache kept the right path's
+  entries."""
   cfg, params = tiny
   drafter = MODES[mode]
   dparams = _params(cfg, params, drafter)
@@ -92,25 +96,43 @@ def test_eagle_cache_matches_a_recomputation(tiny, mode):
                                    hidden_layers=drafter.hidden_layers)
   view = TargetView(params, None, jnp.pad(ids, ((0, 0), (0, 4))), jnp.asarray([len(seq)]),
                     prompt_hidden=hidden[:, :, :-1])
-  fresh = drafter.init(dparams, view, cfg, 64)
-  np.testing.assert_allclose(out.drafter_state.feature, fresh.feature, rtol=2e-4, atol=2e-4)
-  assert int(out.drafter_state.cache.lengths[0]) == len(seq) - 1
+  fresh, kept = drafter.init(dparams, view, cfg, 64), out.drafter_state
+  np.testing.assert_allclose(kept.feature, fresh.feature, rtol=2e-4, atol=2e-4)
+  n = int(fresh.cache.lengths[0])  # the pending token's slot, or the one before (shallow)
+  assert int(kept.cache.lengths[0]) == n == len(seq) - 1 - bool(drafter.shallow_layers)
+  for ours, theirs in zip(kept.cache.k + kept.cache.v, fresh.cache.k + fresh.cache.v):
+    np.testing.assert_allclose(ours[:, :, :n], theirs[:, :, :n], rtol=2e-4, atol=2e-4)
+
+
+def _layer_tables(prepared, name="layer") -> list:
+  """A prepared draft layer's dense tables: o and down alone, q/k/v and gate/up fused."""
+  layer = prepared[name]
+  return [layer[n] for n in ("o", "down")] + [layer["+".join(g)] for g in llama.FUSABLE]
+
+
+def _drafter_features(p, params, cfg, f, tokens):
+  """The draft layers' output on the entries of features f [l, b, t, d] and tokens [b, t]."""
+  x = eagle._entries(p, eagle._fuse(p, f), eagle._embed(params, cfg, tokens))
+  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+  return run_layers(eagle._layers(p), cfg, x, positions)[0]
 
 
 def test_decoding_drafts_through_tables(tiny):
   """prepare stores the draft layers', fc's and fuse's dense weights as tables of output rows
-  (the form the CPU rows kernel multiplies), and they give the entries the arrays (training's
-  form) give."""
+  (the form the CPU rows kernel multiplies; q/k/v and gate/up one table each), and the draft
+  layers give on them what they give on the arrays (training's form)."""
   cfg, params = tiny
-  drafter = Eagle.eagle3(cfg.n_layers)
+  drafter = Eagle.eagle3(cfg.n_layers, draft_layers=2)
   dparams = _params(cfg, params, drafter)
   prepared = drafter.prepare(dparams, params, cfg)
-  assert all(isinstance(prepared["layer"][name], Table) for name in llama.DENSE_IN_AXES)
+  for name in ("layer", "layer1"):
+    layer = _layer_tables(prepared, name)
+    assert [type(t) for t in layer] == [Table, Table, Fused, Fused]
   assert isinstance(prepared["fc"], Table) and isinstance(prepared["fuse"], Table)
   f = jax.random.normal(jax.random.key(5), (len(drafter.feature_layers), 1, 3, cfg.d_model))
   tokens = jnp.asarray([[1, 2, 3]])
-  entries = [eagle._entries(p, params, cfg, eagle._fuse(p, f), tokens) for p in (prepared, dparams)]
-  np.testing.assert_allclose(*entries, rtol=1e-5, atol=1e-5)
+  out = [_drafter_features(p, params, cfg, f, tokens) for p in (prepared, dparams)]
+  np.testing.assert_allclose(*out, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype,trim", [("int8", 0), ("int8", 24), ("bfloat16", 24)])
@@ -125,15 +147,14 @@ def test_eagle_drafts_from_its_tables_in_draft_dtype(tiny, tiny_reference, dtype
     dparams[vocab_trim.IDS] = vocab_trim.frequency_order(tiny_reference, cfg.vocab_size)
   prepared = drafter.prepare(dparams, params, cfg)
   head = prepared[vocab_trim.TRIM]["rows"] if trim else prepared[low_precision.HEAD]
-  for rows in [prepared["layer"][name].rows for name in llama.DENSE_IN_AXES] + [
-      prepared["fc"].rows, head]:
+  for rows in [t.rows for t in _layer_tables(prepared)] + [prepared["fc"].rows, head]:
     assert (rows.rows.dtype if isinstance(rows, Q8) else rows.dtype) == jnp.dtype(dtype)
     assert isinstance(rows, Q8) == (dtype == "int8")
   f = jax.random.normal(jax.random.key(5), (1, 1, 3, cfg.d_model))
   tokens = jnp.asarray([[1, 2, 3]])
   full = Eagle(vocab_trim=trim).prepare(dparams, params, cfg)
-  entries = [eagle._entries(p, params, cfg, eagle._fuse(p, f), tokens) for p in (prepared, full)]
-  np.testing.assert_allclose(*entries, rtol=0.05, atol=0.05)
+  out = [_drafter_features(p, params, cfg, f, tokens) for p in (prepared, full)]
+  np.testing.assert_allclose(*out, rtol=0.05, atol=0.05)
   out = speculative_generate(params, cfg, PROMPTS[:4], drafter, SpecConfig(k=4, max_new_tokens=NEW),
                              drafter_params=dparams)
   assert out.tokens == tiny_reference[:4]
@@ -161,7 +182,7 @@ def test_training_time_test_matches_decode_time_drafting(tiny):
   train = _train_logits(drafter, dparams, params, cfg, batch)
   # Jitted: op by op, the rollout compiled each op apart (~35 s of the test's time).
   init = jax.jit(drafter.init, static_argnums=(2, 3))
-  step = jax.jit(eagle._step, static_argnums=2)
+  step = jax.jit(eagle._step, static_argnums=1)
   head = jax.jit(llama.lm_head, static_argnums=1)
   for r in (2, 6):
     view = TargetView(params, None, jnp.pad(tokens, ((0, 0), (0, 8))), jnp.asarray([r + 2]),
@@ -171,9 +192,61 @@ def test_training_time_test_matches_decode_time_drafting(tiny):
     for s in range(1, 4):
       np.testing.assert_allclose(train[0, r, s - 1], head(params, cfg, feature)[0],
                                  rtol=2e-4, atol=2e-4)
-      a, cache = step(dparams, params, cfg, feature[:, None], tokens[:, r + s + 1, None],
-                      jnp.asarray([[r + s]]), cache, jnp.ones((1, 1, 1), bool))
+      e = eagle._embed(params, cfg, tokens[:, r + s + 1, None])
+      a, cache = step(dparams, cfg, feature[:, None], e, jnp.asarray([[r + s]]), cache,
+                      jnp.ones((1, 1, 1), bool))
       feature = a[:, 0]
+
+
+@pytest.mark.parametrize("shallow", [0, 1])
+def test_drafting_gives_the_training_rollout_laws(tiny, shallow):
+  """Chain drafting at t = 1 after the real entries up to r draws its s-th draft from the law
+  step s of the training rollout from r gives, the drafts themselves as the teacher-forced
+  tokens: with shallow_layers the target's layers run on the pending token and each draft
+  against the target's cache as the teacher's forward runs them on the whole row."""
+  cfg, params = tiny
+  drafter = Eagle(ttt_steps=3, shallow_layers=shallow)
+  dparams = _params(cfg, params, drafter)
+  prepared = drafter.prepare(dparams, params, cfg)
+  tokens, r, k = jnp.asarray([sum(PROMPTS, [])[:8]]), 6, 3  # pending token r + 1
+  unstacked, cache = llama.unstack_layers(params), KVCache.init(cfg, 1, 16, per_layer=True)
+  _, hidden, cache = llama.forward_jit(unstacked, cfg, tokens[:, :r + 1],
+                                       jnp.arange(r + 1)[None], cache,
+                                       hidden_layers=drafter.hidden_layers)
+  view = TargetView(unstacked, cache, jnp.pad(tokens, ((0, 0), (0, 8))), jnp.asarray([r + 2]),
+                    prompt_hidden=hidden)
+  state = drafter.init(prepared, view, cfg, 16)
+  draft, _, _ = jax.jit(drafter.propose, static_argnums=(4, 5, 6))(
+      prepared, state, view, jax.random.key(0), cfg, k, SamplingConfig(temperature=1.0))
+  row = jnp.concatenate([tokens, draft.tokens], 1)  # the drafts after the pending token
+  _, hidden, _ = llama.forward_jit(params, cfg, row, jnp.arange(row.shape[1])[None],
+                                   hidden_layers=drafter.hidden_layers)
+  batch = {"tokens": row, "hidden": hidden, "mask": jnp.ones(row.shape)}
+  train = jax.nn.softmax(_train_logits(drafter, dparams, params, cfg, batch)[0, r], -1)  # [s, v]
+  np.testing.assert_allclose(draft.probs[0], train, rtol=2e-4, atol=2e-6)
+
+
+def test_a_shallow_drafter_grows_from_an_eagle_drafter(tiny):
+  """warm_params: an EAGLE drafter's params start one that reads tokens through the target's
+  first layer with fc's token half at zero, so both draft from the target feature alone as the
+  EAGLE drafter does with its token half zeroed."""
+  cfg, params = tiny
+  one, shallow = Eagle(), Eagle(shallow_layers=1)
+  p1 = _params(cfg, params, one)
+  grown = shallow.warm_params(one, p1, shallow.init_params(cfg), cfg)
+  d = cfg.d_model
+  np.testing.assert_array_equal(grown["fc"][:d], p1["fc"][:d])
+  assert not np.any(grown["fc"][d:]) and np.any(p1["fc"][d:])
+  tokens = jnp.asarray([sum(PROMPTS, [])[:14]])
+
+  def logits(drafter, dparams):
+    _, hidden, _ = llama.forward_jit(params, cfg, tokens, jnp.arange(14)[None],
+                                     hidden_layers=drafter.hidden_layers)
+    batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.ones((1, 14))}
+    return _train_logits(drafter, dparams, params, cfg, batch)
+
+  np.testing.assert_allclose(logits(shallow, grown), logits(one, {**p1, "fc": grown["fc"]}),
+                             rtol=1e-5, atol=1e-5)
 
 
 def test_eagle3_grows_from_an_eagle_drafter(tiny):
@@ -256,6 +329,11 @@ def test_bad_eagle_input(tiny):
       Eagle(stop_threshold=bad)
   with pytest.raises(ValueError, match="applies to chains"):
     Eagle(stop_threshold=0.5, tree=StaticTree.full((2,)))
+  with pytest.raises(ValueError, match="shallow_layers=2 drafts chains"):
+    Eagle(shallow_layers=2, tree=StaticTree.full((2,)))
+  with pytest.raises(ValueError, match=f"shallow_layers={cfg.n_layers} must be below the "
+                                       f"target's {cfg.n_layers} layers"):
+    Eagle(shallow_layers=cfg.n_layers).check(cfg, Eagle().init_params(cfg), 3)
   other = get_preset("tiny-untied-llama3")
   foreign = Eagle().init_params(other)
   with pytest.raises(ValueError, match="trained on another target"):

@@ -76,6 +76,8 @@ DRAFTERS = {"chain": DraftModel(CFG), "static-tree": DraftModel(CFG, StaticTree.
             "medusa-tree": Medusa(3, StaticTree.full((3, 2))),
             "eagle-tree": Eagle(tree=StaticTree.full((3, 2))),
             "eagle-adaptive": Eagle(stop_threshold=0.5),
+            # Tokens read as the target's first layer's output, run on each draft.
+            "eagle-shallow": Eagle(shallow_layers=1),
             "hydra-tree": Hydra(2, StaticTree.full((3, 2)), prefix_attention=True),
             # VocabTrim (q exactly zero outside the 6 kept ids) with Kangaroo's early exit.
             "trimmed-exit-chain": DraftModel(CFG, vocab_trim=6, exit_threshold=0.3),
