@@ -431,7 +431,8 @@ def _normed(h, config):
 
 
 def _entries(params, g, e):
-  """x = W [g; e]: g [b, t, d] and what the entry reads for token i + 1, e [b, t, d] -> [b, t, d]."""
+  """x = W [g; e]: g [b, t, d] and what the entry reads for token i + 1, e [b, t, d] ->
+  [b, t, d]."""
   return dense(jnp.concatenate([g, e], -1), params["fc"], 1)
 
 
