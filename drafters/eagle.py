@@ -335,14 +335,16 @@ class Eagle(Drafter):
                     accepted: jax.Array) -> EagleState:
     """Feeds the entries from the waiting one (slot P0 - 1) on: kept path node j's shallow
     feature with the target feature before it, for nodes 0 .. accepted [b]; the last kept node's
-    feature waits for the new pending token. Plain steps too: no backlog."""
+    feature waits for the new pending token (a row that did not grow keeps its own). Plain
+    steps too: no backlog."""
     g, h = self._inputs(params, f, state.config)  # [b, m, d] each
     b, m = g.shape[:2]
     slots = state.cache.lengths[:, None] + jnp.arange(m)  # [b, m]
     before = jnp.concatenate([state.feature[:, None], g[:, :-1]], 1)
     _, cache = _step(params, state.config, before, h, slots, state.cache, llama.causal_mask(b, m))
+    grew = (view.lengths - 2 > state.cache.lengths)[:, None]  # [b, 1]
     return state.replace(cache=cache.with_lengths(view.lengths - 2),
-                         feature=g[jnp.arange(b), accepted])
+                         feature=jnp.where(grew, g[jnp.arange(b), accepted], state.feature))
 
   def lag(self, state: EagleState, view: TargetView) -> jax.Array:
     return view.lengths - 1 - bool(self.shallow_layers) - state.cache.lengths

@@ -56,7 +56,7 @@ def test_eagle_greedy_equals_target_only(tiny, tiny_reference, mode):
   assert out.row_steps > 0
 
 
-@pytest.mark.parametrize("mode", ["dynamic-tree", "adaptive"])
+@pytest.mark.parametrize("mode", ["dynamic-tree", "adaptive", "shallow"])
 def test_eagle_sharded_equals_target_only(tiny, tiny_reference, mode):
   cfg, params = tiny
   drafter = MODES[mode]
