@@ -226,6 +226,15 @@ def test_drafting_gives_the_training_rollout_laws(tiny, shallow):
   np.testing.assert_allclose(draft.probs[0], train, rtol=2e-4, atol=2e-6)
 
 
+def _row_logits(cfg, params, drafter, dparams):
+  """The drafter's training logits on one row of 14 prompt tokens, its features the target's."""
+  tokens = jnp.asarray([sum(PROMPTS, [])[:14]])
+  _, hidden, _ = llama.forward_jit(params, cfg, tokens, jnp.arange(14)[None],
+                                   hidden_layers=drafter.hidden_layers)
+  batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.ones((1, 14))}
+  return _train_logits(drafter, dparams, params, cfg, batch)
+
+
 def test_a_shallow_drafter_grows_from_an_eagle_drafter(tiny):
   """warm_params: an EAGLE drafter's params start one that reads tokens through the target's
   first layer with fc's token half at zero, so both draft from the target feature alone as the
@@ -237,13 +246,7 @@ def test_a_shallow_drafter_grows_from_an_eagle_drafter(tiny):
   d = cfg.d_model
   np.testing.assert_array_equal(grown["fc"][:d], p1["fc"][:d])
   assert not np.any(grown["fc"][d:]) and np.any(p1["fc"][d:])
-  tokens = jnp.asarray([sum(PROMPTS, [])[:14]])
-
-  def logits(drafter, dparams):
-    _, hidden, _ = llama.forward_jit(params, cfg, tokens, jnp.arange(14)[None],
-                                     hidden_layers=drafter.hidden_layers)
-    batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.ones((1, 14))}
-    return _train_logits(drafter, dparams, params, cfg, batch)
+  logits = functools.partial(_row_logits, cfg, params)
 
   np.testing.assert_allclose(logits(shallow, grown), logits(one, {**p1, "fc": grown["fc"]}),
                              rtol=1e-5, atol=1e-5)
@@ -256,13 +259,7 @@ def test_eagle3_grows_from_an_eagle_drafter(tiny):
   one, three = Eagle(), Eagle.eagle3(cfg.n_layers, ttt_steps=1)
   p1 = _params(cfg, params, one)
   grown = three.warm_params(one, p1, three.init_params(cfg), cfg)
-  tokens = jnp.asarray([sum(PROMPTS, [])[:14]])
-
-  def logits(drafter, dparams):
-    _, hidden, _ = llama.forward_jit(params, cfg, tokens, jnp.arange(14)[None],
-                                     hidden_layers=drafter.hidden_layers)
-    batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.ones((1, 14))}
-    return _train_logits(drafter, dparams, params, cfg, batch)
+  logits = functools.partial(_row_logits, cfg, params)
 
   np.testing.assert_allclose(logits(three, grown), logits(one, p1), rtol=1e-5, atol=1e-5)
   averaged = {**p1, "fuse": three.init_params(cfg)["fuse"]}  # the fresh init: a mean of features
@@ -279,10 +276,7 @@ def test_two_layers_grow_from_one(tiny):
   p1 = _params(cfg, params, one)
   grown = two.warm_params(one, p1, two.init_params(cfg), cfg)
   assert sorted(grown) == sorted(two.init_params(cfg))
-  tokens = jnp.asarray([sum(PROMPTS, [])[:14]])
-  _, hidden, _ = llama.forward_jit(params, cfg, tokens, jnp.arange(14)[None], hidden_layers=(-1,))
-  batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.ones((1, 14))}
-  logits = lambda d, p: _train_logits(d, p, params, cfg, batch)
+  logits = functools.partial(_row_logits, cfg, params)
   np.testing.assert_allclose(logits(two, grown), logits(one, p1), rtol=1e-5, atol=1e-5)
   trained = {**grown, "layer1": _params(cfg, params, two, seed=5)["layer1"]}
   assert not np.allclose(logits(two, trained), logits(one, p1), atol=1e-3)
