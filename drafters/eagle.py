@@ -233,11 +233,10 @@ class Eagle(Drafter):
     ones = jnp.ones((b, 1, 1), bool)
     token = self._token_input(view, config)  # (tokens [b], slots [b], target cache)
     root, feature, cache = state.cache.lengths, state.feature, state.cache  # root: [b] P
-    # The target cache where the shallow layers write the K/V of the tokens they run on.
-    tcache = view.cache if self.shallow_layers else None
+    tcache = None  # with shallow_layers: the target cache its layers write the tokens' K/V in
     if self.shallow_layers:  # entry P - 1, with the pending token's shallow feature
       root = root + 1
-      e, tcache = token(view.pending, root, tcache)
+      e, tcache = token(view.pending, root, view.cache)
       a, cache = _step(params, config, feature[:, None], e, (root - 1)[:, None], cache, ones)
       feature = a[:, 0]
     logits = output(feature)  # [b, v]
@@ -325,26 +324,25 @@ class Eagle(Drafter):
     rows = jnp.arange(b)[:, None]
     f = verified.hidden[:, rows, verified.path]  # [l, b, m, d], m = depth + 1
     if self.shallow_layers:
-      return self._feed_shallow(params, state, view, f, verified.n_accepted)
+      return self._feed_shallow(params, state, view, f)
     if verified.plain and self.max_lag:
       return state.replace(backlog=defer(state.backlog, f[:, :, 0], state.cache.lengths,
                                          view.lengths))
     return _feed(params, state, view, f)
 
-  def _feed_shallow(self, params, state: EagleState, view: TargetView, f: jax.Array,
-                    accepted: jax.Array) -> EagleState:
-    """Feeds the entries from the waiting one (slot P0 - 1) on: kept path node j's shallow
-    feature with the target feature before it, for nodes 0 .. accepted [b]; the last kept node's
-    feature waits for the new pending token (a row that did not grow keeps its own). Plain
-    steps too: no backlog."""
+  def _feed_shallow(self, params, state: EagleState, view: TargetView, f: jax.Array
+                    ) -> EagleState:
+    """Feeds the entries from the waiting one (slot P0 - 1) on: kept path node j's (at slot
+    P0 + j) shallow feature with the target feature before it; the last kept node's feature waits
+    for the new pending token (a row that did not grow keeps its own). Plain steps too: no
+    backlog."""
     g, h = self._inputs(params, f, state.config)  # [b, m, d] each
     b, m = g.shape[:2]
     slots = state.cache.lengths[:, None] + jnp.arange(m)  # [b, m]
     before = jnp.concatenate([state.feature[:, None], g[:, :-1]], 1)
     _, cache = _step(params, state.config, before, h, slots, state.cache, llama.causal_mask(b, m))
-    grew = (view.lengths - 2 > state.cache.lengths)[:, None]  # [b, 1]
     return state.replace(cache=cache.with_lengths(view.lengths - 2),
-                         feature=jnp.where(grew, g[jnp.arange(b), accepted], state.feature))
+                         feature=last_fed(g, state.cache.lengths + 1, view.lengths, state.feature))
 
   def lag(self, state: EagleState, view: TargetView) -> jax.Array:
     return view.lengths - 1 - bool(self.shallow_layers) - state.cache.lengths
