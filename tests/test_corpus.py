@@ -180,3 +180,18 @@ def test_train_drafter_on_the_targets_own_answers(tiny, tiny_reference, tok, tmp
     sx.train_drafter(model, Medusa(2), prompts=["only one"], out_dir=str(tmp_path))
   with pytest.raises(ValueError, match="drafter must be a trained kind"):
     sx.train_drafter(model, "medusa", prompts=asked, out_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("prompts_file", [False, True])
+def test_everyday_chat_adds_training_prompts_only(tmp_path, prompts_file):
+  from speculax.train import prompts
+  f = tmp_path / "p.jsonl"
+  f.write_text("".join(json.dumps({"prompt": f"q{i}?"}) + "\n" for i in range(8)))
+  base = DataConfig(prompts=4, heldout_rows=2, seq_len=16,
+                    prompts_file=str(f) if prompts_file else None)
+  more = dataclasses.replace(base, everyday_chat=True)
+  for split in ("train", "heldout"):
+    (asked, texts), (asked_more, texts_more) = (corpus.split_prompts(c, split) for c in (base, more))
+    assert texts_more == texts
+    extra = prompts.everyday_prompts() if split == "train" else []
+    assert asked_more == asked + extra  # the split's own prompts first: their answers stay

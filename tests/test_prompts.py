@@ -39,3 +39,15 @@ def test_mixture_interleaves_the_sources_and_never_meets_humaneval():
   data.check_no_overlap(mix, assets.humaneval_prompts())
   held = prompts.mixture("heldout", per_source=5)
   assert not set(mix) & set(held)
+
+
+def test_everyday_prompts_are_training_prompts_of_new_subjects():
+  every = prompts.everyday_prompts()
+  assert len(every) == len(set(every)) == len(prompts.EVERYDAY_SUBJECTS) * len(prompts.CHAT_ASKS)
+  assert not set(prompts.EVERYDAY_SUBJECTS) & set(prompts.CHAT_SUBJECTS)
+  held = prompts.mixture("heldout")
+  assert not set(every) & set(held)
+  for subject in prompts.CHAT_SUBJECTS:  # no held-out subject is asked about here
+    if prompts.split_of(subject) == "heldout":
+      assert not any(subject in p for p in every), subject
+  data.check_no_overlap(every, assets.humaneval_prompts())

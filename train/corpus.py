@@ -211,7 +211,15 @@ def _code_rows(cfg: Any, tok: Any, split: str, rows: int) -> np.ndarray:  # [row
 
 
 def split_prompts(cfg: Any, split: str) -> tuple[list[str], list[str]]:
-  """(prompts to answer, texts as they stand) of one split."""
+  """(prompts to answer, texts as they stand) of one split; with everyday_chat the training
+  split's prompts end with train/prompts.everyday_prompts."""
+  asked, texts = _split_prompts(cfg, split)
+  if cfg.everyday_chat and split == "train":
+    asked = asked + prompt_sources.everyday_prompts()
+  return asked, texts
+
+
+def _split_prompts(cfg: Any, split: str) -> tuple[list[str], list[str]]:
   if cfg.prompts_file is None:
     # Held out: enough prompts for heldout_rows (an answer with its prompt is >= ~100 tokens).
     n = cfg.prompts if split == "train" else -(-cfg.heldout_rows * cfg.seq_len // 100)

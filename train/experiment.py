@@ -54,6 +54,9 @@ class DataConfig(Checked):
   # Self-distillation (corpus "self-distill" or "mixed"):
   prompts: int | None = field(None, ge=1)  # training prompts answered (None: all)
   prompts_file: str | None = None  # .jsonl of your own; default: train/prompts.mixture
+  # Also answer train/prompts.everyday_prompts (594 chat prompts of subjects outside the built-in
+  # split; training only): more chat for drafters that serve it.
+  everyday_chat: bool = False
   answer_tokens: int = field(192, ge=1)  # new tokens per answer at most
   temperatures: tuple[float, ...] = field((0.0, 1.0), ge=0)  # prompt i: temperatures[i % len]
   generate_batch: int = field(32, ge=1)

@@ -33,6 +33,42 @@ CHAT_SUBJECTS = (
     "organizing a small kitchen", "taking better phone photos", "a road trip along a coast",
     "hosting a dinner for six", "starting to journal", "cleaning a cast iron pan",
     "visiting a museum with children", "making pancakes", "preparing for a job interview")
+# More everyday subjects, none in CHAT_SUBJECTS and none restating a held-out one: training
+# prompts only (DataConfig.everyday_chat), for drafters that serve chat (the mixture holds 168).
+EVERYDAY_SUBJECTS = (
+    "making homemade pizza dough", "roasting vegetables", "a first trip to Paris",
+    "riding a bus across a new city", "repotting a cactus", "watering succulents",
+    "a weekend hike in the mountains", "making a simple salad dressing",
+    "cooking pasta sauce from scratch", "meal prepping for a busy week",
+    "learning to ride a bicycle", "practicing yoga at home", "writing a thank-you note",
+    "negotiating a salary", "choosing running shoes", "learning to play the piano",
+    "decorating a small apartment", "preparing for a marathon", "making new year resolutions",
+    "building a birdhouse", "going to the beach with a toddler", "making iced tea",
+    "caring for a new kitten", "walking a dog in winter", "moving to a new apartment",
+    "planning a picnic", "baking a banana bread", "making a smoothie", "reducing screen time",
+    "learning to draw", "starting a book club", "organizing a closet", "decluttering a garage",
+    "saving for a vacation", "writing a personal budget", "choosing a laptop for school",
+    "taking notes in class", "giving a short speech", "waking up early", "drinking more water",
+    "cooking eggs five ways", "making a grilled cheese sandwich", "grilling vegetables",
+    "a day trip to the countryside", "visiting a national park", "a train journey through Europe",
+    "planning a surprise party", "wrapping gifts neatly", "knitting a scarf", "sewing on a button",
+    "ironing a shirt", "doing laundry without shrinking clothes", "removing a coffee stain",
+    "keeping a car clean", "checking tire pressure", "jump-starting a car battery",
+    "planting flower bulbs", "attracting birds to a garden", "raising backyard chickens",
+    "keeping a fish tank clean", "bird watching", "stargazing on a clear night", "flying a kite",
+    "building a snowman", "sledding safely", "making hot chocolate", "baking an apple pie",
+    "making lemonade", "freezing fresh fruit", "storing bread so it stays fresh",
+    "sharpening a kitchen knife", "setting a dinner table", "writing a poem about autumn",
+    "keeping a gratitude list", "meditating for five minutes",
+    "staying focused while working from home", "writing a polite complaint email",
+    "planning a study schedule", "learning to type faster", "memorizing a speech",
+    "sorting recycling at home", "making a family photo album",
+    "celebrating a friend's birthday on a budget", "making paper airplanes",
+    "playing chess as a beginner", "solving a jigsaw puzzle", "learning to juggle",
+    "starting to run in the morning", "stretching after exercise", "carrying groceries on a bike",
+    "packing a healthy school lunch", "making a cup of green tea", "hosting a board game night",
+    "planning a wedding toast", "writing a letter to a pen pal", "visiting grandparents",
+    "cleaning windows without streaks", "making a scarecrow", "carving a pumpkin")
 CHAT_ASKS = ("Give me three tips for {}.", "What should a beginner know about {}?",
              "Write a short plan for {}.", "What are common mistakes in {}?",
              "Explain {} to a ten-year-old.", "Write a short story about {}.")
@@ -49,6 +85,11 @@ def split_of(subject: str, seed: int = 0) -> Split:
 def chat_prompts(split: Split = "train", seed: int = 0) -> list[str]:
   """Everyday questions: every ask of every subject in the split."""
   return [ask.format(s) for s in CHAT_SUBJECTS if split_of(s, seed) == split for ask in CHAT_ASKS]
+
+
+def everyday_prompts() -> list[str]:
+  """Every ask of every EVERYDAY_SUBJECTS subject (594 prompts, all for training)."""
+  return [ask.format(s) for s in EVERYDAY_SUBJECTS for ask in CHAT_ASKS]
 
 
 def topic_prompts(split: Split = "train", seed: int = 0, max_chars: int = 1200) -> list[str]:

@@ -1,0 +1,17 @@
+"""The shipped EAGLE + TTT against it continued on more chat (results/drafters/eagle-chat-smollm2,
+configs/eagle_chat_smollm2.py), alone at k = 1 and 2 and behind prompt lookup at k = 3, batch 1
+greedy, both suites.
+
+  speculax bench --config eagle_chat --out runs/bench   (~10 min on 2 CPU cores)
+"""
+from speculax.bench.config import BenchConfig, method
+
+TTT = dict(heads="results/drafters/eagle-ttt-smollm2")
+CHAT = dict(heads="results/drafters/eagle-chat-smollm2")
+BENCH = BenchConfig(
+    methods=tuple(method(f"{name}{label}", "eagle", **kw, **heads)
+                  for label, kw in ((" k=1", dict(k=1)), (" k=2", dict(k=2)),
+                                    (" + lookup k=3", dict(k=3, lookup=2)))
+                  for name, heads in (("eagle-ttt", TTT), ("eagle-chat", CHAT))),
+    suites=("humaneval", "chat"), prompts=3, batch_sizes=(1,), temperatures=(0.0,), new_tokens=48,
+    repeats=2)
