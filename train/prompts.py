@@ -84,12 +84,17 @@ def split_of(subject: str, seed: int = 0) -> Split:
 
 def chat_prompts(split: Split = "train", seed: int = 0) -> list[str]:
   """Everyday questions: every ask of every subject in the split."""
-  return [ask.format(s) for s in CHAT_SUBJECTS if split_of(s, seed) == split for ask in CHAT_ASKS]
+  return _asked([s for s in CHAT_SUBJECTS if split_of(s, seed) == split])
 
 
 def everyday_prompts() -> list[str]:
   """Every ask of every EVERYDAY_SUBJECTS subject (594 prompts, all for training)."""
-  return [ask.format(s) for s in EVERYDAY_SUBJECTS for ask in CHAT_ASKS]
+  return _asked(EVERYDAY_SUBJECTS)
+
+
+def _asked(subjects) -> list[str]:
+  """Every CHAT_ASKS ask of each subject, subject by subject."""
+  return [ask.format(s) for s in subjects for ask in CHAT_ASKS]
 
 
 def topic_prompts(split: Split = "train", seed: int = 0, max_chars: int = 1200) -> list[str]:
