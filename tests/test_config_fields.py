@@ -111,7 +111,7 @@ BAD = {
     DataConfig: {"files": ints(1), "seq_len": ints(2), "rows": ints(1), "heldout_rows": ints(1),
                  "heldout_fraction": ("0.1", 0.0, 1.0, NAN), "top_k": ints(1),
                  "corpus": (1, "", "chat"), "prompts": ints(1), "prompts_file": (1, b"p", ["p"]),
-                 "everyday_chat": BOOL,
+                 "everyday_chat": ints(0) + (True, 1000),
                  "answer_tokens": ints(1), "temperatures": ((-0.5,), 1.0, ("1",)),
                  "generate_batch": ints(1), "code_fraction": ("0.2", -0.1, 1.5, NAN),
                  "learn": ("prompts", 1, None), "answers_dir": (1, b"p", ["p"])},

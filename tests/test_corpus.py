@@ -189,9 +189,9 @@ def test_everyday_chat_adds_training_prompts_only(tmp_path, prompts_file):
   f.write_text("".join(json.dumps({"prompt": f"q{i}?"}) + "\n" for i in range(8)))
   base = DataConfig(prompts=4, heldout_rows=2, seq_len=16,
                     prompts_file=str(f) if prompts_file else None)
-  more = dataclasses.replace(base, everyday_chat=True)
+  more = dataclasses.replace(base, everyday_chat=3)
   for split in ("train", "heldout"):
     (asked, texts), (asked_more, texts_more) = (corpus.split_prompts(c, split) for c in (base, more))
     assert texts_more == texts
-    extra = prompts.everyday_prompts() if split == "train" else []
+    extra = prompts.everyday_prompts(3) if split == "train" else []
     assert asked_more == asked + extra  # the split's own prompts first: their answers stay

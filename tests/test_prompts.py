@@ -51,3 +51,12 @@ def test_everyday_prompts_are_training_prompts_of_new_subjects():
     if prompts.split_of(subject) == "heldout":
       assert not any(subject in p for p in every), subject
   data.check_no_overlap(every, assets.humaneval_prompts())
+  first = prompts.everyday_prompts(99)  # eagle-chat-smollm2's: the later subjects only append
+  assert first == every[:len(first)] and len(first) == 99 * len(prompts.CHAT_ASKS)
+  assert prompts.everyday_prompts(0) == []
+
+
+@pytest.mark.parametrize("subjects", [-1, len(prompts.EVERYDAY_SUBJECTS) + 1, True, 2.0])
+def test_everyday_prompts_rejects_a_bad_subject_count(subjects):
+  with pytest.raises(ValueError, match="everyday_prompts subjects"):
+    prompts.everyday_prompts(subjects)

@@ -211,11 +211,11 @@ def _code_rows(cfg: Any, tok: Any, split: str, rows: int) -> np.ndarray:  # [row
 
 
 def split_prompts(cfg: Any, split: str) -> tuple[list[str], list[str]]:
-  """(prompts to answer, texts as they stand) of one split; with everyday_chat the training
-  split's prompts end with train/prompts.everyday_prompts."""
+  """(prompts to answer, texts as they stand) of one split; the training split's prompts end with
+  train/prompts.everyday_prompts(cfg.everyday_chat)."""
   asked, texts = _split_prompts(cfg, split)
-  if cfg.everyday_chat and split == "train":
-    asked = asked + prompt_sources.everyday_prompts()
+  if split == "train":
+    asked = asked + prompt_sources.everyday_prompts(cfg.everyday_chat)
   return asked, texts
 
 

@@ -32,6 +32,7 @@ from speculax.models.distributed import primary_first
 from speculax.models.load import LoadedModel, load
 from speculax.models.sharding import MeshConfig, make_mesh
 from speculax.train import corpus
+from speculax.train import prompts as prompt_sources
 from speculax.train.distill import DistillConfig, eval_metrics
 from speculax.train.heads import HeadsConfig, frozen_params
 from speculax.train.loop import Target, fit, place_frozen, replicate_rest, sharded_init
@@ -54,9 +55,10 @@ class DataConfig(Checked):
   # Self-distillation (corpus "self-distill" or "mixed"):
   prompts: int | None = field(None, ge=1)  # training prompts answered (None: all)
   prompts_file: str | None = None  # .jsonl of your own; default: train/prompts.mixture
-  # Also answer train/prompts.everyday_prompts (594 chat prompts of subjects outside the built-in
-  # split; training only): more chat for drafters that serve it.
-  everyday_chat: bool = False
+  # Also answer every chat ask about the first this many subjects of train/prompts
+  # EVERYDAY_SUBJECTS (6 prompts each, subjects outside the built-in split; training only): more
+  # chat for drafters that serve it.
+  everyday_chat: int = field(0, ge=0, le=len(prompt_sources.EVERYDAY_SUBJECTS))
   answer_tokens: int = field(192, ge=1)  # new tokens per answer at most
   temperatures: tuple[float, ...] = field((0.0, 1.0), ge=0)  # prompt i: temperatures[i % len]
   generate_batch: int = field(32, ge=1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from typing import Literal
 
+from speculax.core import fields
 from speculax.train import data
 
 Split = Literal["train", "heldout"]
@@ -68,7 +69,41 @@ EVERYDAY_SUBJECTS = (
     "starting to run in the morning", "stretching after exercise", "carrying groceries on a bike",
     "packing a healthy school lunch", "making a cup of green tea", "hosting a board game night",
     "planning a wedding toast", "writing a letter to a pen pal", "visiting grandparents",
-    "cleaning windows without streaks", "making a scarecrow", "carving a pumpkin")
+    "cleaning windows without streaks", "making a scarecrow", "carving a pumpkin",
+    # Subjects 100-199 (DataConfig.everyday_chat counts them from the first):
+    "making a fruit salad", "baking blueberry muffins", "cooking a quick stir fry",
+    "making guacamole", "making overnight oats", "roasting a whole chicken",
+    "making popcorn on the stove", "baking a birthday cake", "making granola at home",
+    "cooking red lentils", "frosting cupcakes", "making strawberry jam", "baking salmon",
+    "touring vineyards by bike", "visiting London on a budget", "a first cruise",
+    "renting a car abroad", "a long layover at an airport", "traveling with a cat",
+    "a ferry trip to an island", "a ski trip for beginners", "a city break in Vienna",
+    "exploring a night market", "a cycling holiday", "a trip to the Grand Canyon",
+    "traveling alone for the first time", "a summer week at a lake cabin",
+    "fixing a leaky faucet", "hanging a picture frame", "assembling flat-pack furniture",
+    "cleaning an oven", "unclogging a kitchen drain", "keeping a home cool in summer",
+    "heating a home cheaply in winter", "getting rid of fruit flies", "washing a wool sweater",
+    "folding a fitted sheet", "setting up a home office", "childproofing a living room",
+    "putting up a wall shelf", "mowing a lawn", "growing strawberries in pots", "planting a tree",
+    "keeping slugs off lettuce", "raking autumn leaves", "building a raised flower bed",
+    "growing sunflowers", "caring for an orchid", "cycling to work", "starting strength training",
+    "walking ten thousand steps a day", "cutting down on sugar", "cooking for one",
+    "stretching at a desk", "packing a first aid kit", "learning to skateboard",
+    "trying indoor rock climbing", "learning to dance salsa", "playing tennis for the first time",
+    "learning to surf", "writing a resume", "asking for a day off", "running a team meeting",
+    "preparing a slide presentation", "using a spreadsheet for the first time",
+    "making a to-do list that works", "answering emails faster", "starting a small business",
+    "selling old things online", "volunteering at a food bank", "applying to college",
+    "making a science fair project", "learning the times tables",
+    "helping a child with homework", "starting a podcast", "learning a simple magic trick",
+    "building a model railway", "collecting stamps", "making a scrapbook", "writing a song",
+    "playing the ukulele", "folding origami cranes", "hosting a movie night",
+    "planning a family reunion", "throwing a costume party", "meeting new neighbors",
+    "caring for a hamster", "adopting a rescue dog", "grooming a long-haired cat",
+    "keeping bees", "saving energy at home", "buying a used car", "opening a bank account",
+    "planning a yard sale", "giving old clothes a second life", "making a holiday card",
+    "building a sandcastle", "going fishing at a lake", "watching a meteor shower",
+    "making a paper lantern")
 CHAT_ASKS = ("Give me three tips for {}.", "What should a beginner know about {}?",
              "Write a short plan for {}.", "What are common mistakes in {}?",
              "Explain {} to a ten-year-old.", "Write a short story about {}.")
@@ -87,9 +122,11 @@ def chat_prompts(split: Split = "train", seed: int = 0) -> list[str]:
   return _asked([s for s in CHAT_SUBJECTS if split_of(s, seed) == split])
 
 
-def everyday_prompts() -> list[str]:
-  """Every ask of every EVERYDAY_SUBJECTS subject (594 prompts, all for training)."""
-  return _asked(EVERYDAY_SUBJECTS)
+def everyday_prompts(subjects: int = len(EVERYDAY_SUBJECTS)) -> list[str]:
+  """Every ask of the first `subjects` EVERYDAY_SUBJECTS subjects (6 prompts each, all for
+  training)."""
+  fields.check("everyday_prompts subjects", subjects, int, ge=0, le=len(EVERYDAY_SUBJECTS))
+  return _asked(EVERYDAY_SUBJECTS[:subjects])
 
 
 def _asked(subjects) -> list[str]:
