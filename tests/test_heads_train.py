@@ -76,6 +76,29 @@ def test_more_heads_than_the_rows_allow(tiny):
     heads.objective(Medusa(4).init_params(cfg), cfg, rows, jax.random.key(0), params)
 
 
+def test_depth_decay_weighs_each_depth(tiny):
+  """The loss is the depth_decay-weighted mean over depths of the divergence and the acceptance
+  head's loss, plus EAGLE's feature loss; 1.0 is the plain mean."""
+  cfg, params = tiny
+  drafter = Eagle(ttt_steps=3)
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 12)))
+  batch = _batch(cfg, params, tokens)
+  batch["hidden"] = llama.forward_jit(params, cfg, tokens, jnp.broadcast_to(
+      jnp.arange(12), tokens.shape), hidden_layers=drafter.hidden_layers)[1]
+  heads_params = jax.tree.map(lambda x: x + 0.01, drafter.init_params(cfg, jax.random.key(3)))
+  losses_by_decay = {}
+  for decay in (1.0, 0.5):
+    heads = HeadsConfig(drafter, depth_decay=decay)
+    loss, got = heads.objective(heads_params, cfg, batch, jax.random.key(0), params)
+    weights = decay ** np.arange(3) / (decay ** np.arange(3)).sum()
+    want = got["aux_loss"] + sum(
+        w * (got[f"loss/depth{j}"] + got[f"acceptance_head_bce/depth{j}"])
+        for j, w in enumerate(weights, 1))
+    np.testing.assert_allclose(loss, want, rtol=1e-5)
+    losses_by_decay[decay] = float(loss)
+  assert abs(losses_by_decay[1.0] - losses_by_decay[0.5]) > 1e-4  # the depths' losses differ
+
+
 @pytest.mark.parametrize("drafter", [Medusa(2, vocab_trim=100), Eagle.eagle3(4, vocab_trim=100)],
                          ids=["medusa", "eagle3"])
 def test_trimmed_training_scores_the_serving_law(tiny, drafter):

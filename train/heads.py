@@ -40,6 +40,10 @@ class HeadsConfig(Checked):
   divergence_options: tuple[tuple[str, float], ...] = ()
   # Weight of the acceptance head's loss, when it has one.
   acceptance_weight: float = field(1.0, ge=0)
+  # Depth j's losses weigh depth_decay ** (j - 1), normalised to sum 1 (1.0: the plain mean).
+  # Below 1 it leans on the first draft, which every accepted run needs, while the later depths
+  # of the training-time test still train (Medusa's and HASS's per-depth decay).
+  depth_decay: float = field(1.0, gt=0, le=1)
   batch_size: int = field(8, ge=1)
   optim: OptimConfig = OptimConfig()
   seed: int = field(0, ge=0)
@@ -56,7 +60,8 @@ class HeadsConfig(Checked):
     return self.optim.total_steps * self.optim.accum_steps
 
   def objective(self, params, config, batch, key, frozen):
-    """(loss, metrics): mean over depths of the divergence, plus the drafter's extra losses.
+    """(loss, metrics): the divergence averaged over depths (weights from depth_decay), plus
+    the drafter's extra losses.
 
     batch: tokens/mask [b, t], hidden [l, b, t, d] (the drafter's hidden_layers),
     ids/logprobs [b, t, K]; frozen: the target's params (for a trimmed drafter, with its kept
@@ -73,11 +78,12 @@ class HeadsConfig(Checked):
       raise ValueError(f"training {depth} draft depths needs rows longer than {depth} tokens, "
                        f"got {t}")
     total, metrics, accs = 0.0, dict(out.get("metrics", {})), []
-    for j in range(1, depth + 1):  # depth j at position i vs the teacher at i + j
+    decay = [self.depth_decay ** j for j in range(depth)]
+    for j, w in enumerate([d / sum(decay) for d in decay], 1):  # depth j at i vs teacher at i + j
       student, target = logits[:, :t - j, j - 1], teacher[:, j:]
       mask = batch["mask"][:, j:] * batch["mask"][:, :t - j]
       loss = divergence(target, student, mask, key=jax.random.fold_in(key, j))
-      total += loss / depth
+      total += w * loss
       chance = losses.expected_acceptance(target, student)  # [b, t - j] 1 - TV per position
       n = jnp.maximum(mask.sum(), 1)
       acc = (chance * mask).sum() / n
@@ -89,7 +95,7 @@ class HeadsConfig(Checked):
         label = jax.lax.stop_gradient(chance)
         bce = optax.sigmoid_binary_cross_entropy(accept[:, :t - j, j - 1], label)
         bce = (bce * mask).sum() / n
-        total += self.acceptance_weight * bce / depth
+        total += w * self.acceptance_weight * bce
         metrics[f"acceptance_head_bce/depth{j}"] = bce
     if "aux_loss" in out:
       total += out["aux_loss"]
