@@ -1,7 +1,9 @@
 """Named prompt suites for benchmarks, all held out from every training corpus of the framework.
 
   humaneval  HumanEval prompts after the first 4 (those calibrate layer skip's search), chat-wrapped
-  chat       the held-out subjects of train/prompts.chat_prompts, chat-wrapped
+  chat       the held-out subjects of train/prompts.chat_prompts, chat-wrapped, subject by
+             subject (its first 6 prompts are all about one subject)
+  chat-mix   the same prompts across the subjects (the first 12 are 12 subjects, every ask)
   code       the opening of held-out standard-library files (split by path hash as the training
              corpus splits them), raw: code continuation
   FILE       a .jsonl of {"prompt": text, "chat": bool (default true), "phase": label} per line,
@@ -17,7 +19,7 @@ from speculax.train import data
 from speculax.train import prompts as prompt_sources
 from speculax.train.experiment import DataConfig
 
-NAMED = ("humaneval", "chat", "code")
+NAMED = ("humaneval", "chat", "chat-mix", "code")
 CODE_CHARS = 1200  # a code prompt: the file's lines up to this many characters (~300 tokens)
 
 
@@ -62,8 +64,8 @@ def suite(name: str, n: int) -> list[dict]:
   check_name(name)
   if name == "humaneval":
     return [_chat(t) for t in humaneval_prompts(4 + n)[4:]]
-  if name == "chat":
-    return [_chat(t) for t in prompt_sources.chat_prompts("heldout")[:n]]
+  if name in ("chat", "chat-mix"):
+    return [_chat(t) for t in prompt_sources.chat_prompts("heldout", across=name == "chat-mix")[:n]]
   if name == "code":
     return [{"prompt": t, "chat": False, "phase": ""} for t in _code_openings(n)]
   return read_prompts(name)[:n]

@@ -257,10 +257,13 @@ def test_named_suites_are_held_out_prompts():
   from speculax.models.assets import humaneval_prompts
   from speculax.train import prompts
   assert [x["prompt"] for x in suites.suite("humaneval", 2)] == humaneval_prompts(6)[4:]
-  chat = suites.suite("chat", 3)
-  assert all(x["chat"] for x in chat) and {x["prompt"] for x in chat} <= set(
-      prompts.chat_prompts("heldout")) and not {x["prompt"] for x in chat} & set(
-      prompts.chat_prompts("train"))
+  for name in ("chat", "chat-mix"):
+    chat = suites.suite(name, 3)
+    assert all(x["chat"] for x in chat) and {x["prompt"] for x in chat} <= set(
+        prompts.chat_prompts("heldout")) and not {x["prompt"] for x in chat} & set(
+        prompts.chat_prompts("train"))
+  assert suites.suite("chat", 2)[1]["prompt"].endswith("pruning roses?")  # subject by subject
+  assert "pruning roses" not in suites.suite("chat-mix", 2)[1]["prompt"]  # across subjects
   code = suites.suite("code", 2)
   assert len(code) == 2 and not any(x["chat"] for x in code)
   assert all(suites.CODE_CHARS // 2 < len(x["prompt"]) <= suites.CODE_CHARS + 1 for x in code)

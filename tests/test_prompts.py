@@ -23,6 +23,16 @@ def test_chat_subjects_go_whole_to_one_split():
       len(prompts.CHAT_SUBJECTS) * len(prompts.CHAT_ASKS)
 
 
+def test_chat_prompts_across_subjects_are_the_same_prompts_reordered():
+  held, across = prompts.chat_prompts("heldout"), prompts.chat_prompts("heldout", across=True)
+  assert sorted(across) == sorted(held) and across != held
+  subjects = [s for s in prompts.CHAT_SUBJECTS if s in " ".join(held)]
+  first = across[:len(subjects)]  # one prompt about each subject, the asks rotating
+  assert [next(s for s in subjects if s in p) for p in first] == subjects
+  assert {next(a for a in prompts.CHAT_ASKS if p.startswith(a.split("{}")[0])) for p in
+          first[:len(prompts.CHAT_ASKS)]} == set(prompts.CHAT_ASKS)
+
+
 def test_topic_prompts_ask_about_this_interpreters_documentation():
   from pydoc_data.topics import topics
   every = prompts.topic_prompts("train") + prompts.topic_prompts("heldout")
