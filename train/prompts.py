@@ -121,11 +121,11 @@ def chat_prompts(split: Split = "train", seed: int = 0, across: bool = False) ->
   """Everyday questions: every ask of every subject in the split, subject by subject; across:
   the same prompts in rounds, round r asking subject i its ask (i + r) mod len(CHAT_ASKS), so the
   first n span min(n, subjects) subjects and every ask (a short suite then is not one subject)."""
-  subjects = [s for s in CHAT_SUBJECTS if split_of(s, seed) == split]
+  asked = _asked([s for s in CHAT_SUBJECTS if split_of(s, seed) == split])
   if not across:
-    return _asked(subjects)
-  return [CHAT_ASKS[(i + r) % len(CHAT_ASKS)].format(s) for r in range(len(CHAT_ASKS))
-          for i, s in enumerate(subjects)]
+    return asked
+  n = len(CHAT_ASKS)  # asked holds subject i's ask a at i * n + a
+  return [asked[i * n + (i + r) % n] for r in range(n) for i in range(len(asked) // n)]
 
 
 def everyday_prompts(subjects: int = len(EVERYDAY_SUBJECTS)) -> list[str]:
