@@ -50,8 +50,8 @@ from speculax.train.teacher_cache import params_fingerprint
 
 RESULTS = OUT / "train_drafters.json"
 SHIPPED = pathlib.Path("results/drafters")
-DRAFTERS = ("eagle", "eagle_ttt", "eagle_chat", "eagle_chat2", "eagle_chat2_decay", "eagle_deep",
-            "eagle_shallow", "eagle3", "eagle3_warm", "hydra", "medusa", "distill")
+DRAFTERS = ("eagle", "eagle_ttt", "eagle_chat", "eagle_chat2", "eagle_chat2_decay", "eagle_chat3",
+            "eagle_deep", "eagle_shallow", "eagle3", "eagle3_warm", "hydra", "medusa", "distill")
 
 
 def _experiment(name: str, args):
