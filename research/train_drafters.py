@@ -40,7 +40,7 @@ import time
 
 from speculax.bench.measure import machine
 from speculax.bench.report import table
-from speculax.cli.train import load_experiment
+from speculax.cli.train import load_experiment, shipped_experiments
 from speculax.drafters import heads_io, registry, vocab_trim
 from speculax.models.load import load
 from speculax.research.common import OUT
@@ -50,8 +50,10 @@ from speculax.train.teacher_cache import params_fingerprint
 
 RESULTS = OUT / "train_drafters.json"
 SHIPPED = pathlib.Path("results/drafters")
-DRAFTERS = ("eagle", "eagle_ttt", "eagle_chat", "eagle_chat2", "eagle_chat2_decay", "eagle_chat3",
-            "eagle_deep", "eagle_shallow", "eagle3", "eagle3_warm", "hydra", "medusa", "distill")
+# Every shipped experiment config <name>_smollm2.py (its smoke runs are named otherwise): a new
+# config is a new --drafters name with no list to keep.
+DRAFTERS = tuple(name.removesuffix("_smollm2") for name in shipped_experiments()
+                 if name.endswith("_smollm2"))
 
 
 def _experiment(name: str, args):
