@@ -61,7 +61,7 @@ def test_everyday_prompts_are_training_prompts_of_new_subjects():
     if prompts.split_of(subject) == "heldout":
       assert not any(subject in p for p in every), subject
   data.check_no_overlap(every, assets.humaneval_prompts())
-  for subjects in (99, 199):  # eagle-chat-smollm2's and eagle-chat2's: later subjects only append
+  for subjects in (99, 199, 299):  # eagle-chat, -chat2, -chat3: later subjects only append
     first = prompts.everyday_prompts(subjects)
     assert first == every[:len(first)] and len(first) == subjects * len(prompts.CHAT_ASKS)
   assert prompts.everyday_prompts(0) == []
