@@ -15,8 +15,10 @@
 // does not depend on which other rows share the call (a one-token step and a verify forward
 // give bit-identical dense outputs for the same features).
 //
-// Tile sizes are for AVX-512's 32 vector registers (-march=native); with fewer (AVX2) GCC
-// splits each vector in two and spills, correct but slower.
+// Tile sizes follow the vector registers -march=native gives: AVX-512's 32 of 16 lanes, else 8
+// lanes in tiles for 16 registers (AVX2's ymm; NEON's 32 of 4 lanes hold them too). AVX-512's
+// tiles built for AVX2 spilled: SmolLM2's float32 head at 8 / 32 rows 41 / 148 ms against XLA's
+// 7 / 17 (AMD EPYC with AVX2 only, 2 cores, 2026-12-06).
 //
 // A bfloat16 table on a CPU with AMX (Intel's tile units: built with -march=native where the
 // compiler sees them, used once Linux grants the process the tile state) goes to AMX instead:
@@ -35,7 +37,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__) || (defined(__AMX_TILE__) && defined(__AMX_BF16__))
+#if defined(__AVX512F__) || defined(__FMA__) || (defined(__AMX_TILE__) && defined(__AMX_BF16__))
 #include <immintrin.h>
 #endif
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -50,9 +52,15 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+#ifdef __AVX512F__
 constexpr int kLanes = 16;
 constexpr int kMaxRows = 8;  // feature rows per pass over a tile (accumulators in registers)
 constexpr int kTileRows = 3;  // table rows per tile: 8 x 3 accumulators + 4 operands in 32 zmm
+#else
+constexpr int kLanes = 8;
+constexpr int kMaxRows = 4;
+constexpr int kTileRows = 2;  // 4 x 2 accumulators + 3 operands in 16 ymm
+#endif
 constexpr int64_t kChunkRows = 42 * kTileRows;  // table rows per unit of work among threads
 // How far ahead of the tile being read its prefetch runs: whole tiles, at least one, at least
 // this many bytes. Reading a tile of int8 rows (1.7 KB at d = 576) takes too little time to cover
@@ -62,9 +70,6 @@ constexpr int64_t kPrefetchBytes = 8192;
 constexpr int64_t kMinParallelBytes = 1 << 18;  // smaller tables: one thread (waking costs more)
 
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
-typedef float Vec8 __attribute__((vector_size(8 * sizeof(float))));
-typedef float Vec4 __attribute__((vector_size(4 * sizeof(float))));
-typedef float Vec2 __attribute__((vector_size(2 * sizeof(float))));
 
 inline Vec Load(const float* p) {
   Vec v;
@@ -72,19 +77,19 @@ inline Vec Load(const float* p) {
   return v;
 }
 
-typedef uint16_t Bf16x16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-typedef uint32_t U32x16 __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+typedef uint16_t Bf16xL __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t U32xL __attribute__((vector_size(kLanes * sizeof(uint32_t))));
 
 inline Vec Load(const uint16_t* p) {  // bf16: the float32 with these bits on top, exact
-  Bf16x16 h;
+  Bf16xL h;
   std::memcpy(&h, p, sizeof(h));
-  const U32x16 bits = __builtin_convertvector(h, U32x16) << 16;
+  const U32xL bits = __builtin_convertvector(h, U32xL) << 16;
   Vec v;
   std::memcpy(&v, &bits, sizeof(Vec));
   return v;
 }
 
-typedef int8_t I8x16 __attribute__((vector_size(kLanes * sizeof(int8_t))));
+typedef int8_t I8xL __attribute__((vector_size(kLanes * sizeof(int8_t))));
 
 inline Vec Load(const int8_t* p) {  // int8: exact in float32
 #ifdef __AVX512F__  // GCC's generic conversion ran 3.6x slower than a float32 table (SmolLM2 head)
@@ -94,7 +99,7 @@ inline Vec Load(const int8_t* p) {  // int8: exact in float32
   std::memcpy(&v, &f, sizeof(Vec));
   return v;
 #else
-  I8x16 q;
+  I8xL q;
   std::memcpy(&q, p, sizeof(q));
   return __builtin_convertvector(q, Vec);
 #endif
@@ -111,13 +116,26 @@ inline float ToFloat(uint16_t h) {
   return f;
 }
 
-inline float LaneSum(Vec a) {  // halves added pairwise: lanes i and i + 8, then i + 4, ...
-  const Vec8 a8 = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
-                  __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
-  const Vec4 a4 = __builtin_shufflevector(a8, a8, 0, 1, 2, 3) +
-                  __builtin_shufflevector(a8, a8, 4, 5, 6, 7);
-  const Vec2 a2 = __builtin_shufflevector(a4, a4, 0, 1) + __builtin_shufflevector(a4, a4, 2, 3);
-  return a2[0] + a2[1];
+// a * b + c in one rounding, spelled out: the file builds with -ffp-contract=off, since GCC's own
+// fusing of a * b + c differed between the M / NB instantiations of Tile (an AVX2 build gave a
+// row alone and the same row among others results 1 ulp apart).
+inline Vec MulAdd(Vec a, Vec b, Vec c) {
+#if defined(__AVX512F__)
+  return (Vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+  return (Vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  for (int i = 0; i < kLanes; ++i) c[i] = __builtin_fmaf(a[i], b[i], c[i]);
+  return c;
+#endif
+}
+
+inline float LaneSum(Vec a) {  // halves added pairwise: lanes i and i + L/2, then i + L/4, ...
+  float s[kLanes];
+  std::memcpy(s, &a, sizeof(s));
+  for (int half = kLanes / 2; half > 0; half /= 2)
+    for (int i = 0; i < half; ++i) s[i] += s[i + half];
+  return s[0];
 }
 
 // Table rows [n, n + NB) against M feature rows from x; out rows are v apart. Each table chunk is
@@ -150,7 +168,7 @@ inline void Tile(const float* x, const T* table, float* out, int64_t d, int64_t 
 #ifdef __AVX512F__
       asm("" : "+v"(xk));
 #endif
-      for (int b = 0; b < NB; ++b) acc[j][b] += wk[b] * xk;
+      for (int b = 0; b < NB; ++b) acc[j][b] = MulAdd(wk[b], xk, acc[j][b]);
     }
   }
   for (int j = 0; j < M; ++j)
@@ -184,20 +202,15 @@ __attribute__((noinline)) void RowsOf(const float* x, const T* table, float* out
   }
 }
 
-template <typename T>
+// RowsOf<R> for R = (m - 1) % kMaxRows + 1, the rows of the last pass.
+template <typename T, int R = 1>
 void Rows(const float* x, const T* table, float* out, int64_t m, int64_t d, int64_t v,
           int64_t n0, int64_t n1) {
   if (m == 0) return;  // no feature rows (RowsOf takes at least one)
-  switch ((m - 1) % kMaxRows + 1) {
-    case 1: return RowsOf<1, T>(x, table, out, m, d, v, n0, n1);
-    case 2: return RowsOf<2, T>(x, table, out, m, d, v, n0, n1);
-    case 3: return RowsOf<3, T>(x, table, out, m, d, v, n0, n1);
-    case 4: return RowsOf<4, T>(x, table, out, m, d, v, n0, n1);
-    case 5: return RowsOf<5, T>(x, table, out, m, d, v, n0, n1);
-    case 6: return RowsOf<6, T>(x, table, out, m, d, v, n0, n1);
-    case 7: return RowsOf<7, T>(x, table, out, m, d, v, n0, n1);
-    default: return RowsOf<8, T>(x, table, out, m, d, v, n0, n1);
+  if constexpr (R < kMaxRows) {
+    if ((m - 1) % kMaxRows + 1 != R) return Rows<T, R + 1>(x, table, out, m, d, v, n0, n1);
   }
+  RowsOf<R, T>(x, table, out, m, d, v, n0, n1);
 }
 
 #ifdef SPECULAX_AMX

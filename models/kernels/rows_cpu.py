@@ -55,7 +55,7 @@ MAX_ROWS = 56  # feature rows up to which models/tables.py asks the kernel: from
 # 4, 2 cores, 2026-12-05: kernel 32 / 55 / 69 / 81 / 95 / 121, XLA 36 / 56 / 76 / 94 / 121 / 102;
 # on an Intel CPU, 2026-12-04, at 16 / 32 / 64: kernel 36 / 56 / 93, XLA 49 / 67 / 78)
 TABLE_DTYPES = (jnp.float32, jnp.bfloat16, jnp.int8)
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC")
 
 
 def rows_dot_reference(x: jax.Array, table: jax.Array) -> jax.Array:
