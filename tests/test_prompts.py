@@ -2,6 +2,7 @@
 and never overlapping HumanEval."""
 import pytest
 
+from speculax.cli.train import load_experiment, shipped_experiments
 from speculax.models import assets
 from speculax.train import data, prompts
 
@@ -61,7 +62,9 @@ def test_everyday_prompts_are_training_prompts_of_new_subjects():
     if prompts.split_of(subject) == "heldout":
       assert not any(subject in p for p in every), subject
   data.check_no_overlap(every, assets.humaneval_prompts())
-  for subjects in (99, 199, 299):  # eagle-chat, -chat2, -chat3: later subjects only append
+  counts = {load_experiment(name).data.everyday_chat for name in shipped_experiments()} - {0}
+  assert len(counts) >= 3  # every chat round's config names its count
+  for subjects in counts:  # the data each config trained on: later subjects only append
     first = prompts.everyday_prompts(subjects)
     assert first == every[:len(first)] and len(first) == subjects * len(prompts.CHAT_ASKS)
   assert prompts.everyday_prompts(0) == []
