@@ -63,9 +63,9 @@ def table_dot(features: jax.Array, table: jax.Array | Q8) -> jax.Array:
   table's products scaled row by row, float32).
 
   On the CPU (chosen when lowering, `platform_dependent`, so a CPU machine can still lower this
-  for an accelerator), up to `rows_cpu.MAX_ROWS` rows against a float32, bfloat16 or int8 table
-  go to the rows kernel (models/kernels/rows_cpu.py), and up to MAX_SLICED_ROWS otherwise to the
-  sliced form; other backends, and more rows, get one einsum.
+  for an accelerator), up to `rows_cpu.max_rows()` rows (56, or 8 without AVX-512) against a
+  float32, bfloat16 or int8 table go to the rows kernel (models/kernels/rows_cpu.py), and up to
+  MAX_SLICED_ROWS otherwise to the sliced form; other backends, and more rows, get one einsum.
   """
   if isinstance(table, Q8):
     return table_dot(features.astype(jnp.float32), table.rows) * table.scale
@@ -74,8 +74,8 @@ def table_dot(features: jax.Array, table: jax.Array | Q8) -> jax.Array:
     return _one_dot(features, table)
   # Decided here, not inside the branch: JAX caches a branch's trace by function, so a switch
   # read inside it would be read once per process.
-  kernel = (m <= rows_cpu.MAX_ROWS and table.dtype in rows_cpu.TABLE_DTYPES
-            and jnp.issubdtype(features.dtype, jnp.floating) and rows_cpu.enabled())
+  kernel = (table.dtype in rows_cpu.TABLE_DTYPES and jnp.issubdtype(features.dtype, jnp.floating)
+            and rows_cpu.enabled() and m <= rows_cpu.max_rows())
   cpu = _rows_kernel_dot(rows_cpu.amx_wanted()) if kernel else _sliced_dot
   return jax.lax.platform_dependent(features, table, cpu=cpu, default=_one_dot)
 

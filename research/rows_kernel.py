@@ -1,10 +1,10 @@
-"""What the CPU rows kernel (models/kernels/rows_cpu.py) changes in a forward: the target's
-t-token forward against a cache holding 256 of 512 slots (a verify of t - 1 drafts; t = 1 a
-decode step), at batch 1 and 8, with the kernel and with XLA's dots (SPECULAX_ROWS_KERNEL=0),
-and with bf16 weights on a CPU with AMX also the kernel's vector path (SPECULAX_ROWS_AMX=0),
-the paths interleaved in rounds so that the machine's drift falls on all alike. Prints and
-writes (JSON, Markdown, PNG) the median milliseconds and each t over the same path's one-token
-forward.
+"""What the CPU rows kernel (models/kernels/rows_cpu.py) changes in a forward: the target's t-token
+forward against a cache holding 256 of 512 slots (a verify of t - 1 drafts; t = 1 a decode step),
+at batch 1 and 8, with the kernel (at up to its MAX_ROWS rows whatever `rows_cpu.max_rows()` chose
+for this CPU: SPECULAX_ROWS_LIMIT) and with XLA's dots (SPECULAX_ROWS_KERNEL=0), and with bf16
+weights on a CPU with AMX also the kernel's vector path (SPECULAX_ROWS_AMX=0), the paths
+interleaved in rounds so that the machine's drift falls on all alike. Prints and writes (JSON,
+Markdown, PNG) the median milliseconds and each t over the same path's one-token forward.
 
   .venv/bin/python -m speculax.research.rows_kernel [--tokens 1 2 3 4 5 8 9 16] [--rounds 3]
       [--dtype bfloat16] [--batch8 1 2 4]
@@ -44,10 +44,11 @@ def main(argv: list[str] | None = None) -> None:
 
   model = load(args.model, dtype=args.dtype)
   # Each path's switches, read when a forward is traced.
-  paths = {"kernel": {rows_cpu.SWITCH: "1", rows_cpu.AMX_SWITCH: "1"},
-           "xla": {rows_cpu.SWITCH: "0", rows_cpu.AMX_SWITCH: "1"}}
+  every = {rows_cpu.LIMIT: str(rows_cpu.MAX_ROWS)}
+  paths = {"kernel": {rows_cpu.SWITCH: "1", rows_cpu.AMX_SWITCH: "1", **every},
+           "xla": {rows_cpu.SWITCH: "0", rows_cpu.AMX_SWITCH: "1", **every}}
   if args.dtype == "bfloat16" and rows_cpu.amx():
-    paths["vector"] = {rows_cpu.SWITCH: "1", rows_cpu.AMX_SWITCH: "0"}
+    paths["vector"] = {rows_cpu.SWITCH: "1", rows_cpu.AMX_SWITCH: "0", **every}
   cells = [(1, t) for t in args.tokens] + [(8, t) for t in batch8]
   times = {(path, b, t): [] for path in paths for b, t in cells}
   before = {name: os.environ.get(name) for name in paths["kernel"]}

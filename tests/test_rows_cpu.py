@@ -97,17 +97,50 @@ def _form(features, table) -> str:
 
 
 @pytest.mark.parametrize("rows, dtype, switch, form", [
-    (1, jnp.float32, "1", "kernel"), (rows_cpu.MAX_ROWS, jnp.float32, "1", "kernel"),
-    (rows_cpu.MAX_ROWS + 1, jnp.float32, "1", "sliced"), (65, jnp.float32, "1", "one dot"),
+    (1, jnp.float32, "1", "kernel"), ("limit", jnp.float32, "1", "kernel"),
+    ("limit+1", jnp.float32, "1", "sliced"), (65, jnp.float32, "1", "one dot"),
     (2, jnp.bfloat16, "1", "kernel"), (2, jnp.float16, "1", "sliced"),
     (2, jnp.float32, "0", "sliced")])
 def test_table_dot_takes_the_kernel_for_few_float32_rows(monkeypatch, rows, dtype, switch, form):
   monkeypatch.setenv(rows_cpu.SWITCH, switch)
+  if isinstance(rows, str):  # the limit on this CPU (rows_cpu.max_rows()), or one row past it
+    rows = rows_cpu.max_rows() + (rows == "limit+1")
   features, table = jnp.zeros((rows, 64), dtype), jnp.zeros((4096, 64), dtype)
   assert _form(features, table) == form
   got = jax.jit(lambda f, t: tables.table_dot(f, t))(_random((rows, 64), 6).astype(dtype),
                                                      _random((4096, 64), 7).astype(dtype))
   assert got.shape == (rows, 4096) and got.dtype == dtype
+
+
+def test_the_kernel_is_built_for_the_cpus_vector_width():
+  """16 lanes where /proc/cpuinfo lists AVX-512 (-march=native lets the compiler use it), else
+  8; the row limit follows (56 rows, 8 rows)."""
+  flags = rows_cpu._cpu_flags().split()
+  want = 16 if "avx512f" in flags else 8
+  assert rows_cpu.lanes() == want
+  assert rows_cpu.max_rows() == {16: rows_cpu.MAX_ROWS, 8: rows_cpu.NARROW_MAX_ROWS}[want]
+
+
+@pytest.mark.parametrize("lanes, rows, form", [
+    (16, 8, "kernel"), (16, 9, "kernel"), (16, 56, "kernel"), (16, 57, "sliced"),
+    (8, 8, "kernel"), (8, 9, "sliced"), (8, 56, "sliced"), (0, 1, "sliced")])
+def test_the_row_limit_follows_the_lanes(monkeypatch, lanes, rows, form):
+  """Each width's branch, whatever this CPU has: table_dot asks the kernel up to 56 rows with 16
+  lanes, 8 with 8, never where it is not available (0)."""
+  monkeypatch.setattr(rows_cpu, "lanes", lambda: lanes)
+  assert _form(jnp.zeros((rows, 64)), jnp.zeros((4096, 64))) == form
+
+
+def test_the_limit_can_be_set(monkeypatch):
+  """SPECULAX_ROWS_LIMIT in place of the CPU's limit (read at trace time); not a number: an
+  error naming it."""
+  monkeypatch.setattr(rows_cpu, "lanes", lambda: 8)
+  monkeypatch.setenv(rows_cpu.LIMIT, "12")
+  assert [_form(jnp.zeros((rows, 64)), jnp.zeros((4096, 64))) for rows in (12, 13)] == [
+      "kernel", "sliced"]
+  monkeypatch.setenv(rows_cpu.LIMIT, "twelve")
+  with pytest.raises(ValueError, match="SPECULAX_ROWS_LIMIT must be a number .*got 'twelve'"):
+    rows_cpu.max_rows()
 
 
 @pytest.mark.parametrize("platform, device", [
@@ -167,7 +200,8 @@ def test_the_research_script_times_both_paths(tmp_path, tiny_chat_folder):
     assert r["kernel_over_one_token"] == r["kernel_ms"] / rows[0 if r["batch"] == 1 else 2][
         "kernel_ms"]
   assert (tmp_path / "rows_kernel.png").stat().st_size > 0
-  assert rows_cpu.SWITCH not in os.environ  # the script leaves the switch as it found it
+  # the script leaves the switches as it found them
+  assert rows_cpu.SWITCH not in os.environ and rows_cpu.LIMIT not in os.environ
   with pytest.raises(SystemExit):
     rows_kernel.main(["--tokens", "2", "4", "--out", str(tmp_path)])
 

@@ -439,3 +439,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpeculaxRowsDot, RowsDot,
 
 // 1 where bfloat16 tables of suitable shapes go to AMX on this machine (rows_cpu.amx()), else 0.
 extern "C" int SpeculaxRowsAmx() { return UsesAmx(32, 16) ? 1 : 0; }
+
+// The vector lanes the kernel was built for (16 with AVX-512, else 8): rows_cpu.max_rows().
+extern "C" int SpeculaxRowsLanes() { return kLanes; }

@@ -26,8 +26,10 @@ float32 sums, relative error ~3e-6 (the vector path's ~3e-7). From ~8 rows the v
 multiply-adds bound it on 2 cores; AMX's do not (rows_cpu.cc has the numbers).
 
 A row's result does not depend on the other rows in the call (each output is the same sequence
-of operations whatever m is, on either path), so a one-token step and a verify forward give
-bit-identical dense outputs for the same features. `rows_dot_reference` is the product in jnp.
+of operations whatever m is, on either path), so a one-token step and a verify forward of up to
+`max_rows()` rows give bit-identical dense outputs for the same features. `max_rows()` follows
+the vector width the kernel was built for: on a CPU without AVX-512 its 8-lane tiles fall behind
+XLA's dot from ~16 rows. `rows_dot_reference` is the product in jnp.
 """
 from __future__ import annotations
 
@@ -49,11 +51,18 @@ SOURCE = Path(__file__).with_name("rows_cpu.cc")
 TARGET = "speculax_rows_dot"
 SWITCH = "SPECULAX_ROWS_KERNEL"  # "0": off
 AMX_SWITCH = "SPECULAX_ROWS_AMX"  # "0": bfloat16 tables take the vector path even with AMX
+LIMIT = "SPECULAX_ROWS_LIMIT"  # rows up to which the kernel is asked, in place of max_rows()'s
+# choice for this CPU (to measure it past that: research/rows_kernel.py)
 CACHE = "SPECULAX_CACHE"
-MAX_ROWS = 56  # feature rows up to which models/tables.py asks the kernel: from 64 XLA's sliced
-# dot ran faster (SmolLM2's 211 dense tables, ms at 16 / 32 / 40 / 48 / 56 / 64 rows, AMD EPYC Zen
-# 4, 2 cores, 2026-12-05: kernel 32 / 55 / 69 / 81 / 95 / 121, XLA 36 / 56 / 76 / 94 / 121 / 102;
-# on an Intel CPU, 2026-12-04, at 16 / 32 / 64: kernel 36 / 56 / 93, XLA 49 / 67 / 78)
+MAX_ROWS = 56  # feature rows up to which models/tables.py asks the kernel where it has 16 lanes
+# (AVX-512): from 64 XLA's sliced dot ran faster (SmolLM2's 211 dense tables, ms at 16 / 32 / 40 /
+# 48 / 56 / 64 rows, AMD EPYC Zen 4, 2 cores, 2026-12-05: kernel 32 / 55 / 69 / 81 / 95 / 121, XLA
+# 36 / 56 / 76 / 94 / 121 / 102; on an Intel CPU, 2026-12-04, at 16 / 32 / 64: kernel 36 / 56 /
+# 93, XLA 49 / 67 / 78)
+NARROW_MAX_ROWS = 8  # the same with 8 lanes (AVX2): the whole SmolLM2 forward, kernel over XLA's
+# time at 1 / 2 / 4 / 8 / 16 / 32 rows, float32 1.09 / 0.95 / 0.88 / 1.01 / 1.31 / 1.44, bfloat16
+# 0.39 / 0.49 / 0.52 / 0.70 / 1.25 / 1.62 (AMD EPYC without AVX-512, 2 cores, 2026-12-06:
+# results/rows_kernel_avx2*.md)
 TABLE_DTYPES = (jnp.float32, jnp.bfloat16, jnp.int8)
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC")
 
@@ -129,6 +138,26 @@ def enabled() -> bool:
   tables) here: on the CPU backend, unless SPECULAX_ROWS_KERNEL=0, and once the kernel is built."""
   return (os.environ.get(SWITCH, "1") != "0" and jax.default_backend() == "cpu"
           and _registered())
+
+
+def lanes() -> int:
+  """The vector lanes the kernel was built for here (16 with AVX-512, else 8); 0 where it is
+  not available."""
+  library = _library()
+  return 0 if library is None else library.SpeculaxRowsLanes()
+
+
+def max_rows() -> int:
+  """Feature rows up to which models/tables.py asks the kernel here (read at trace time): MAX_ROWS
+  with 16 lanes, NARROW_MAX_ROWS with fewer (where more rows ran slower than XLA's dot), or
+  SPECULAX_ROWS_LIMIT where set; 0 where the kernel is not available."""
+  width = lanes()
+  limit = os.environ.get(LIMIT)
+  if limit is not None and not limit.isdigit():
+    raise ValueError(f"{LIMIT} must be a number of rows (a whole number >= 0), got {limit!r}")
+  if width == 0:
+    return 0
+  return int(limit) if limit is not None else MAX_ROWS if width == 16 else NARROW_MAX_ROWS
 
 
 def amx_wanted() -> bool:
