@@ -28,6 +28,10 @@ fresh clone), or to the folder name --ship gives.
   # no training: a drafter folder's held-out figures, here on the answers only
   .venv/bin/python -m speculax.research.train_drafters --drafters eagle_ttt --learn answers \
       --evaluate results/drafters/eagle-ttt-smollm2
+  # no training: drafters' held-out figures against the cached top-32 law (the exact is default)
+  .venv/bin/python -m speculax.research.train_drafters --drafters eagle_chat4 \
+      --heldout-teacher top-k --evaluate results/drafters/eagle-ttt-smollm2 \
+      results/drafters/eagle-chat4-smollm2
 """
 from __future__ import annotations
 
@@ -68,7 +72,7 @@ def _experiment(name: str, args):
   if args.init_from:
     exp = dataclasses.replace(exp, init_from=args.init_from)
   for data_field, value in (("learn", args.learn), ("prompts", args.prompts),
-                            ("rows", args.rows)):
+                            ("rows", args.rows), ("heldout_teacher", args.heldout_teacher)):
     if value:
       exp = dataclasses.replace(exp, data=dataclasses.replace(exp.data, **{data_field: value}))
   if args.lr:
@@ -104,7 +108,7 @@ def _train(name: str, exp, model, ship: str | None) -> dict:
              options=dict(exp.distill.divergence_options), updates=result["steps"],
              train_s=spent["seconds"], rows=exp.data.rows, seq_len=exp.data.seq_len,
              batch=exp.distill.batch_size, lr=exp.distill.optim.learning_rate,
-             learn=exp.data.learn,
+             learn=exp.data.learn, teacher=exp.data.heldout_teacher,
              vocab_trim=getattr(getattr(exp.distill, "drafter", None), "vocab_trim", 0),
              before=result["heldout_before"], after=result["heldout_after"])
   if ship is not None and result["drafter"]:
@@ -123,9 +127,11 @@ def _evaluate(exp, folder: str, model) -> dict:
   """Held-out metrics of the drafter in `folder`, no update (its run folder: runs/<name>-eval)."""
   exp = dataclasses.replace(exp, name=f"{exp.name}-eval", init_from=folder)
   metrics = run(exp, model=model, until=0)["heldout_before"]
-  print(f"{folder} on {exp.data.learn} positions: {_depths(metrics)}", flush=True)
-  return dict(drafter=exp.name, evaluated=folder, learn=exp.data.learn, divergence="-",
-              options={}, updates=0, train_s=0.0, before={}, after=metrics)
+  print(f"{folder} on {exp.data.learn} positions, {exp.data.heldout_teacher} law: "
+        f"{_depths(metrics)}", flush=True)
+  return dict(drafter=exp.name, evaluated=folder, learn=exp.data.learn,
+              teacher=exp.data.heldout_teacher, divergence="-", options={}, updates=0,
+              train_s=0.0, before={}, after=metrics)
 
 
 def main():
@@ -145,9 +151,12 @@ def main():
                   help="training rows of the corpus (0: the experiment's); more prompts give more")
   ap.add_argument("--corpus-only", action="store_true",
                   help="train nothing: generate the target's missing answers (resumable) and stop")
-  ap.add_argument("--evaluate", default=None, metavar="FOLDER",
-                  help="train nothing: the held-out figures of this drafter (a finished run or a "
-                       "shipped drafter of the --drafters kind) under the experiment's data")
+  ap.add_argument("--evaluate", nargs="+", default=None, metavar="FOLDER",
+                  help="train nothing: the held-out figures of these drafters (finished runs or "
+                       "shipped drafters of the --drafters kind) under the experiment's data")
+  ap.add_argument("--heldout-teacher", choices=("exact", "top-k"), default=None,
+                  help="the law held-out figures score against: the target's own (exact, the "
+                       "default) or the teacher cache's top-k, which the loss reads")
   ap.add_argument("--init-from", default=None, metavar="FOLDER",
                   help="start from this finished run or shipped drafter of the same kind, or "
                        "'target': EAGLE's draft layers from the target's last ones (default: "
@@ -180,15 +189,20 @@ def main():
       corpus.token_rows(exp.data, model, folder, params_fingerprint(model.params))
       print(f"{exp.data.prompts} prompts answered in {exp.data.answers_dir or folder}", flush=True)
       return
-    if args.evaluate:
-      key, row = f"{args.evaluate} ({exp.data.learn})", _evaluate(exp, args.evaluate, model)
-    else:
-      key, row = exp.name, _train(name, exp, model, args.ship)
-    found["runs"][key] = row
-    found["machine"] = machine()
-    results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(found, indent=1))
+    for folder in args.evaluate or []:
+      _record(found, results, f"{folder} ({exp.data.learn}, {exp.data.heldout_teacher})",
+              _evaluate(exp, folder, model))
+    if not args.evaluate:
+      _record(found, results, exp.name, _train(name, exp, model, args.ship))
   report(found)
+
+
+def _record(found: dict, results: pathlib.Path, key: str, row: dict) -> None:
+  """Adds one run's row to the results and writes them (a later failure keeps it)."""
+  found["runs"][key] = row
+  found["machine"] = machine()
+  results.parent.mkdir(parents=True, exist_ok=True)
+  results.write_text(json.dumps(found, indent=1))
 
 
 def report(found: dict) -> None:
@@ -196,9 +210,9 @@ def report(found: dict) -> None:
   runs = found["runs"]
   depth = max(len(_depths(r["after"])) for r in runs.values())
   print(f"\nHeld-out 1 - TV (top-1 agreement) per draft depth; {found['machine']}\n")
-  print(table(["run", "positions", "objective", "updates (s)", "before: depth 1"]
+  print(table(["run", "positions, law", "objective", "updates (s)", "before: depth 1"]
               + [f"depth {j}" for j in range(1, depth + 1)],
-              [[n, r.get("learn", "all"),
+              [[n, f"{r.get('learn', 'all')}, {r.get('teacher', 'top-k')} law",
                 r["divergence"] + "".join(f" {k}={v}" for k, v in r["options"].items()),
                 f"{r['updates']} ({r['train_s']:.0f})", (_depths(r["before"]) or ["-"])[0]]
                + _depths(r["after"]) + ["-"] * (depth - len(_depths(r["after"])))

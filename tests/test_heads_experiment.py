@@ -4,6 +4,7 @@ import dataclasses
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -14,6 +15,7 @@ from speculax.drafters import heads_io, registry, vocab_trim
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.eagle import Eagle
 from speculax.drafters.medusa import Medusa
+from speculax.models import llama
 from speculax.models.config import get_preset
 from speculax.models.load import LoadedModel
 from speculax.models.sharding import MeshConfig
@@ -21,7 +23,7 @@ from speculax.train import teacher_cache
 from speculax.train.distill import DistillConfig
 from speculax.train.corpus import token_rows
 from speculax.train.experiment import DataConfig, DistillExperiment, run
-from speculax.train.heads import HeadsConfig
+from speculax.train.heads import HeadsConfig, frozen_params
 from speculax.train.metrics_log import MetricsLog
 from speculax.train.optim import OptimConfig
 
@@ -42,7 +44,8 @@ class ByteTokenizer:
 def _exp(out_dir, name, distill):
   return DistillExperiment(
       name=name, target="tiny", draft_layers=(0,), out_dir=str(out_dir), distill=distill,
-      data=DataConfig(files=40, seq_len=32, rows=16, heldout_rows=8, top_k=16),
+      # top-64 of 256: the held-out metrics' exact law is near the top-k law training reads
+      data=DataConfig(files=40, seq_len=32, rows=16, heldout_rows=8, top_k=64),
       checkpoint_every=3, keep=2, log_every=2, eval_every=3)
 
 
@@ -121,6 +124,36 @@ def test_trimmed_heads_train_on_kept_ids_and_decode_like_the_target(
   with pytest.raises(ValueError, match="vocab_trim=300 must be in"):
     run(_exp(tmp_path, "big", HeadsConfig(Eagle(vocab_trim=300), batch_size=4, optim=OPTIM)),
         model=model)
+
+
+def test_heldout_acceptance_is_scored_against_the_targets_exact_law(model, tiny, trimmed,
+                                                                     tmp_path):
+  """Held-out 1 - TV at depth 1 is sum min(p, q) with p the target's own softmax on the held-out
+  rows (computed here apart) and q the trimmed drafter's law (zero off its kept ids); scored
+  against the cache's top-16 of 256 (data.heldout_teacher="top-k") it reads otherwise."""
+  cfg, params = tiny
+  exp, result = trimmed
+  drafter, heads = heads_io.load_drafter(exp.folder, Eagle, cfg)
+  order = heads.pop(vocab_trim.IDS)
+  frozen = frozen_params(drafter, heads, params, cfg, order)
+  held = token_rows(exp.data, model, exp.folder)[1]
+  tokens = jnp.asarray(held.tokens)  # [8, 32]
+  mask = np.ones(held.tokens.shape) if held.mask is None else np.asarray(held.mask)
+  hidden = llama.forward(params, cfg, tokens, llama.row_positions(*tokens.shape))[1]
+  batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.asarray(mask, jnp.float32)}
+  z = drafter.train_outputs(heads, frozen, cfg, batch, jax.random.key(0))["logits"][:, :, 0]
+  q = jax.nn.softmax(vocab_trim.full_vocabulary(frozen[vocab_trim.TRIM], z, cfg.vocab_size))
+  p = jax.nn.softmax(llama.forward(params, cfg, tokens, llama.row_positions(*tokens.shape))[0])
+  chance = np.minimum(np.asarray(p)[:, 1:], np.asarray(q)[:, :-1]).sum(-1)  # token i + 2 from i
+  weight = mask[:, 1:] * mask[:, :-1]
+  want = (chance * weight).sum() / weight.sum()
+  exact = result["heldout_after"]["acceptance/depth1"]
+  assert exact == pytest.approx(want, rel=1e-5)
+  data = dataclasses.replace(exp.data, heldout_teacher="top-k", top_k=16)
+  again = dataclasses.replace(exp, name="topk", out_dir=str(tmp_path), init_from=str(exp.folder),
+                              data=data)
+  top_k = run(again, model=model, until=0)["heldout_before"]["acceptance/depth1"]
+  assert abs(top_k - exact) > 1e-3
 
 
 def test_heads_train_on_a_mesh_as_on_one_device(model, trimmed, tmp_path):

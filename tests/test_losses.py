@@ -234,6 +234,20 @@ def test_topk_partial():
     losses.teacher_logprobs_from_topk(jnp.zeros((1, 1, 6), jnp.int32), jnp.zeros((1, 1, 6)), V)
 
 
+def test_teacher_law_reads_exact_logits_where_a_batch_holds_them():
+  logits = _rand(10, 3.0)
+  ids = np.argsort(-logits, -1)[..., :2]
+  cached = {"ids": jnp.asarray(ids, jnp.int32),
+            "logprobs": jnp.asarray(np.take_along_axis(_log_softmax(logits), ids, -1))}
+  kept = jnp.asarray([0, 2, 3])
+  exact = losses.teacher_law({**cached, "teacher_logits": jnp.asarray(logits)}, V)
+  np.testing.assert_allclose(exact, _log_softmax(logits), atol=1e-6)
+  np.testing.assert_allclose(losses.teacher_law({"teacher_logits": jnp.asarray(logits)}, V, kept),
+                             _log_softmax(logits)[..., [0, 2, 3]], atol=1e-6)
+  np.testing.assert_allclose(losses.teacher_law(cached, V, kept),
+                             _from_topk(cached["ids"], cached["logprobs"], V)[..., kept], atol=1e-6)
+
+
 @functools.partial(jax.jit, static_argnames="n")
 def _tvd_pp_grads(teacher_logp, student_logits, mask, key, n):
   """grad of tvd, TVD++ and unnormalized TVD++ with n samples; tvd++ via both entry points."""

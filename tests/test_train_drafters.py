@@ -24,11 +24,30 @@ def test_a_report_of_an_empty_results_file_names_it(monkeypatch, capsys, tmp_pat
   assert "no runs in --results" in err and "none.json" in err
 
 
+def _args(**kw) -> argparse.Namespace:
+  return argparse.Namespace(**{**dict(divergence=None, option=[], steps=0, learn=None, prompts=0,
+                                      rows=0, lr=0, tag="", init_from=None, heldout_teacher=None),
+                               **kw})
+
+
 def test_init_from_replaces_the_experiments_start():
   """--init-from starts the experiment from another folder; without it, from its own."""
-  args = argparse.Namespace(divergence=None, option=[], steps=0, learn=None, prompts=0, rows=0,
-                            lr=0, tag="more", init_from=None)
+  args = _args(tag="more")
   assert train_drafters._experiment("eagle_ttt", args).init_from == "results/drafters/eagle-smollm2"
   args.init_from = "results/drafters/eagle-ttt-smollm2"
   exp = train_drafters._experiment("eagle_ttt", args)
   assert exp.init_from == args.init_from and exp.name == "eagle-ttt-smollm2-more"
+
+
+def test_heldout_teacher_sets_the_law_and_the_report_names_it(capsys):
+  """Held-out figures read the target's exact law unless --heldout-teacher top-k; rows recorded
+  before the setting existed read the cache's top-k and are labelled so."""
+  assert train_drafters._experiment("eagle_chat4", _args()).data.heldout_teacher == "exact"
+  exp = train_drafters._experiment("eagle_chat4", _args(heldout_teacher="top-k"))
+  assert exp.data.heldout_teacher == "top-k"
+  row = dict(divergence="lk", options={}, updates=0, train_s=0.0, before={},
+             after={"acceptance/depth1": 0.6, "top1/depth1": 0.6})
+  train_drafters.report({"machine": "m", "runs": {"old": row, "new": {**row, "teacher": "exact"}}})
+  lines = capsys.readouterr().out.splitlines()
+  assert any("| old | all, top-k law |" in line for line in lines)
+  assert any("| new | all, exact law |" in line for line in lines)

@@ -80,9 +80,10 @@ def _student_logits(params, config: LlamaConfig, tokens, mixed_precision: bool):
 
 
 def distill_loss(params, config: LlamaConfig, cfg: DistillConfig, batch, key):
-  """batch: tokens [b, t], mask [b, t], teacher ids/logprobs [b, t, K] (top-k of p per position)."""
+  """batch: tokens [b, t], mask [b, t], teacher ids/logprobs [b, t, K] (top-k of p per position)
+  or the target's exact teacher_logits [b, t, v]."""
   logits = _student_logits(params, config, batch["tokens"], cfg.mixed_precision)
-  teacher = losses.teacher_logprobs_from_topk(batch["ids"], batch["logprobs"], config.vocab_size)
+  teacher = losses.teacher_law(batch, config.vocab_size)
   mask = batch["mask"]
   if cfg.divergence == CE:
     loss = losses.cross_entropy(batch["tokens"][:, 1:], logits[:, :-1], mask[:, :-1])
@@ -117,10 +118,14 @@ def eval_metrics(params, config: LlamaConfig, cfg, batch, frozen=None) -> dict:
   return cfg.objective(params, config, batch, jax.random.key(0), frozen)[1]
 
 
+@functools.partial(jax.jit, static_argnames=("config",))
+def teacher_logits(params, config: LlamaConfig, tokens) -> jax.Array:
+  """The target's logits at every position of tokens [b, t] -> [b, t, v] float32."""
+  return llama.forward(params, config, tokens, llama.row_positions(*tokens.shape))[0]
+
+
 @functools.partial(jax.jit, static_argnames=("config", "k"))
 def teacher_topk(params, config: LlamaConfig, tokens, k: int):
   """The target's top-k log-probs at every position of tokens [b, t] (on-policy rows)."""
-  positions = llama.row_positions(*tokens.shape)
-  logits, _, _ = llama.forward(params, config, tokens, positions)
-  logprobs, ids = jax.lax.top_k(jax.nn.log_softmax(logits), k)
+  logprobs, ids = jax.lax.top_k(jax.nn.log_softmax(teacher_logits(params, config, tokens)), k)
   return ids.astype(jnp.int32), logprobs

@@ -14,8 +14,9 @@ with `speculax train --config configs/<experiment>.py`. Everything it writes goe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
-from typing import Literal
+from typing import Callable, Literal
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +34,7 @@ from speculax.models.load import LoadedModel, load
 from speculax.models.sharding import MeshConfig, make_mesh
 from speculax.train import corpus
 from speculax.train import prompts as prompt_sources
-from speculax.train.distill import DistillConfig, eval_metrics
+from speculax.train.distill import DistillConfig, eval_metrics, teacher_logits
 from speculax.train.heads import HeadsConfig, frozen_params
 from speculax.train.loop import Target, fit, place_frozen, replicate_rest, sharded_init
 from speculax.train.metrics_log import MetricsLog
@@ -52,6 +53,11 @@ class DataConfig(Checked):
   # built-in prompts split by subject (train/prompts.py).
   heldout_fraction: float = field(0.1, gt=0, lt=1)
   top_k: int = field(32, ge=1)  # teacher log-probs kept per position
+  # The law the held-out metrics score against: "exact", the target's own logits on the
+  # held-out rows (a forward of them per evaluation), or "top-k", the cache's top_k with the
+  # rest spread evenly, which the training loss reads: it hides the overlap on the target's
+  # tail (at top_k 32 it read EAGLE's held-out 1 - TV 0.032 under the exact law).
+  heldout_teacher: Literal["exact", "top-k"] = "exact"
   # Self-distillation (corpus "self-distill" or "mixed"):
   prompts: int | None = field(None, ge=1)  # training prompts answered (None: all)
   prompts_file: str | None = None  # .jsonl of your own; default: train/prompts.mixture
@@ -166,11 +172,13 @@ def warm_start(folder: str, cls: type, like: dict, target: LlamaConfig, drafter=
 
 def heldout_metrics(params, config: LlamaConfig, cfg, cache, frozen=None,
                     batch_size: int = 8, mesh: MeshConfig | None = None,
-                    mask: np.ndarray | None = None) -> dict[str, float]:
+                    mask: np.ndarray | None = None,
+                    teacher: Callable[[jax.Array], jax.Array] | None = None) -> dict[str, float]:
   """Every objective metric, averaged over the held-out rows' batches. "acceptance" is the mean
   1 - TV(p, q), the expected per-token acceptance; head drafters add per-depth metrics. mask
-  [n, t]: the positions weighed (default all). With a mesh every process reads each batch
-  whole, and it is replicated over the mesh."""
+  [n, t]: the positions weighed (default all). teacher: tokens [b, t] -> the target's logits
+  [b, t, v], the exact law scored against (default: the cache's top-k). With a mesh every
+  process reads each batch whole, and it is replicated over the mesh."""
   batch_size = min(batch_size, cache.n)
   m = None if mesh is None else make_mesh(mesh)
   place = jnp.asarray if m is None else (lambda v: replicate_rest(v, m))
@@ -180,6 +188,9 @@ def heldout_metrics(params, config: LlamaConfig, cfg, cache, frozen=None,
     b = cache.batch(rows)
     b["mask"] = np.ones(b["tokens"].shape, np.float32) if mask is None else mask[rows]
     b = {k: place(v) for k, v in b.items()}
+    if teacher is not None:  # the exact law in place of the top-k (losses.teacher_law)
+      b = {k: v for k, v in b.items() if k not in ("ids", "logprobs")}
+      b["teacher_logits"] = teacher(b["tokens"])
     parts.append(eval_metrics(params, config, cfg, b, frozen))
   return {k: float(np.mean([m[k] for m in parts])) for k in parts[0]}
 
@@ -224,8 +235,10 @@ def run(exp: DistillExperiment, *, until: int | None = None,
   held = teacher_cache("heldout", held_rows.tokens)
   state = sharded_init(s.params, s.config, exp.distill, exp.mesh)
   frozen = None if s.frozen is None else place_frozen(s.frozen, model.config, exp.mesh)
-  evaluate = lambda st: heldout_metrics(st.params, s.config, exp.distill, held, frozen,
-                                        mesh=exp.mesh, mask=held_rows.mask)
+  exact = exp.data.heldout_teacher == "exact"
+  evaluate = lambda st: heldout_metrics(
+      st.params, s.config, exp.distill, held, frozen, mesh=exp.mesh, mask=held_rows.mask,
+      teacher=functools.partial(teacher_logits, model.params, model.config) if exact else None)
   before = evaluate(state)
   with Checkpointer(folder / "checkpoints", every=exp.checkpoint_every, keep=exp.keep) as ck:
     if ck.latest_step() is not None:

@@ -64,13 +64,13 @@ class HeadsConfig(Checked):
     the drafter's extra losses.
 
     batch: tokens/mask [b, t], hidden [l, b, t, d] (the drafter's hidden_layers),
-    ids/logprobs [b, t, K]; frozen: the target's params (for a trimmed drafter, with its kept
-    output rows under vocab_trim.TRIM: the teacher and the metrics then live on those ids).
+    ids/logprobs [b, t, K] or the target's exact teacher_logits [b, t, v]; frozen: the
+    target's params (for a trimmed drafter, with its kept output rows under vocab_trim.TRIM:
+    the teacher and the metrics then live on those ids).
     """
     divergence = losses.get_divergence(self.divergence, **dict(self.divergence_options))
     kept = frozen.get(vocab_trim.TRIM, {}).get("ids")  # a trimmed drafter's ids [n], or None
-    teacher = losses.teacher_logprobs_from_topk(batch["ids"], batch["logprobs"],
-                                                config.vocab_size, kept)  # [b, t, v or n]
+    teacher = losses.teacher_law(batch, config.vocab_size, kept)  # [b, t, v or n]
     out = self.drafter.train_outputs(params, frozen, config, batch, key)
     logits, accept = out["logits"], out.get("accept_logits")  # [b, t, J, v], [b, t, J]
     t, depth = teacher.shape[1], logits.shape[2]

@@ -91,6 +91,17 @@ def teacher_logprobs_from_topk(ids: jax.Array, logprobs: jax.Array, vocab: int,
   return dense.at[(*lead, ids)].set(logprobs - log_z, mode="drop")
 
 
+def teacher_law(batch: dict, vocab: int, kept: jax.Array | None = None) -> jax.Array:
+  """The teacher's log-probs [b, t, v] from a batch: its exact logits ("teacher_logits"
+  [b, t, v]) where it holds them, else its cached top-k ("ids", "logprobs" [b, t, K];
+  `teacher_logprobs_from_topk`). kept: sorted ids [n]: those ids' log-probs only [b, t, n], not
+  renormalized, as `teacher_logprobs_from_topk` gives them."""
+  if "teacher_logits" in batch:
+    logp = teacher_logprobs_from_logits(batch["teacher_logits"])
+    return logp if kept is None else jnp.take(logp, kept, axis=-1)
+  return teacher_logprobs_from_topk(batch["ids"], batch["logprobs"], vocab, kept)
+
+
 # ----------------------------------------------------------------------------- shared pieces
 
 def _weights(mask: jax.Array, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
