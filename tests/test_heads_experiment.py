@@ -65,7 +65,10 @@ def test_heads_run_evaluates_every_depth_and_resumes_exactly(model, trained, tmp
   exp, straight = trained
   assert straight["steps"] == 6 and straight["drafter"] == str(exp.folder)
   assert (exp.folder / "teacher_train_h-1").is_dir()  # a cache with the target's features
-  logged = MetricsLog(exp.folder / "metrics.csv").read()[-1]
+  rows = MetricsLog(exp.folder / "metrics.csv").read()
+  assert [r["step"] for r in rows if "heldout/acceptance" in r] == [3, 6]  # eval_every 3
+  assert [r["step"] for r in rows] == [2, 3, 4, 6]  # log_every 2, and the evaluations
+  logged = rows[-1]
   for j in (1, 2, 3):
     for name in ("loss", "acceptance", "top1"):
       assert f"heldout/{name}/depth{j}" in logged and f"{name}/depth{j}" in logged

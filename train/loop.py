@@ -157,10 +157,13 @@ def fit(state: TrainState, config: LlamaConfig, cfg, tokens: np.ndarray, teacher
     batch = {k: place(k, v) for k, v in batch.items()}
     state, metrics = train_step(state, batch, config, cfg, frozen)
     done = step + 1
-    if log is not None and (done % log_every == 0 or done == cfg.steps):
+    # an evaluation is logged at its own steps, whether or not they fall on log_every's
+    evaluating = evaluate is not None and eval_every and (done % eval_every == 0
+                                                          or done == cfg.steps)
+    if log is not None and (done % log_every == 0 or done == cfg.steps or evaluating):
       row = {k: float(v) for k, v in metrics.items()}
       row["steps_per_s"] = (done - start) / (time.perf_counter() - t0)
-      if evaluate is not None and eval_every and (done % eval_every == 0 or done == cfg.steps):
+      if evaluating:
         row |= evaluate(state)
       log.write(done, row)
       bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['acceptance']:.3f}")
