@@ -4,7 +4,9 @@ For each trained drafter, its first draft scored teacher-forced (the training pa
 drafter's train_outputs, or the draft model's forward) against the target's exact law, on the
 positions a decode loop drafts at:
 
-  held-out rows    the recipe's held-out rows, every position (train_drafters' number)
+  held-out rows    the recipe's held-out rows, every position a head drafter drafts at (the
+                   rows train_drafters' held-out figures read, here the drafter as it serves:
+                   its own kept ids)
   held-out greedy  the target's greedy answers to the held-out split's prompts, answer positions
   held-out t=1     the same for the answers sampled at temperature 1
   <suite> answers  the target's greedy answers to a bench suite's prompts (the bench's prompts)
@@ -45,7 +47,6 @@ from speculax.train import corpus
 from speculax.train.heads import frozen_params
 from speculax.train.teacher_cache import params_fingerprint
 
-RECIPE = pathlib.Path("results/train_drafters.json")  # the held-out rows' numbers
 DISTILLED = pathlib.Path("runs/distill-smollm2-fkl")  # the recipe's draft model, when trained
 
 
@@ -127,6 +128,13 @@ def score(drafter, params, model, docs: list[list[int]], starts: list[int],
           "positions": int(sum(map(len, got["top1"])))}
 
 
+def heldout_rows(model) -> tuple[list[list[int]], list[int]]:
+  """The recipe's held-out rows (ids) and where scoring starts in each: position 1, the first
+  a head drafter drafts from (its draft of token 2 reads position 0's feature)."""
+  held = corpus.token_rows(DATA, model, DATA.answers_dir, params_fingerprint(model.params))[1]
+  return [row.tolist() for row in held.tokens], [1] * len(held.tokens)
+
+
 def heldout_answers(model, limit: int) -> dict[str, tuple[list[list[int]], list[int]]]:
   """The recipe's held-out answers (prompt + answer ids, answer start), greedy and t=1 apart."""
   asked, _ = corpus.split_prompts(DATA, "heldout")
@@ -147,14 +155,12 @@ def heldout_answers(model, limit: int) -> dict[str, tuple[list[list[int]], list[
 
 def plot(rows: dict, sets: list[str], suite_names: list[str], path: pathlib.Path) -> pathlib.Path:
   """Grouped bars per drafter: top-1 teacher-forced on each position set, then each suite's
-  decode acceptance (the held-out rows' 1 - TV where recorded)."""
+  decode acceptance."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  bars = [("held-out rows (1 - TV)",  # no bar where the recipe has no figure
-           lambda r: np.nan if r["held-out rows"] is None else r["held-out rows"])]
-  bars += [(f"{c} (top-1)", lambda r, c=c: r[c]["top1"]) for c in sets]
+  bars = [(f"{c} (top-1)", lambda r, c=c: r[c]["top1"]) for c in sets]
   bars += [(f"{s} decode", lambda r, s=s: r[f"{s} decode"]) for s in suite_names]
   fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(rows)), 4))
   width = 0.8 / len(bars)
@@ -169,15 +175,6 @@ def plot(rows: dict, sets: list[str], suite_names: list[str], path: pathlib.Path
   fig.savefig(path, dpi=120)
   plt.close(fig)
   return path
-
-
-def heldout_figures(runs: dict) -> dict[str, float]:
-  """Depth-1 held-out 1 - TV of train_drafters' runs by run name, then by the folder each was
-  shipped to, which wins (eagle3-warm-smollm2 ships as eagle3-smollm2, over the fresh run)."""
-  depth1 = {name: r["after"].get("acceptance/depth1", r["after"].get("acceptance"))
-            for name, r in runs.items()}
-  return depth1 | {pathlib.Path(r["shipped"]).name: depth1[name] for name, r in runs.items()
-                   if r.get("shipped")}
 
 
 def main():
@@ -202,18 +199,17 @@ def main():
     ap.error("no trained drafters found; train one (research/train_drafters.py) or pass --drafters")
   model = load(args.model)
   spec = SpecConfig(k=1, max_new_tokens=args.new_tokens)
-  sets = heldout_answers(model, args.heldout)
+  sets = {"held-out rows": heldout_rows(model), **heldout_answers(model, args.heldout)}
   prompts = {}
   for name in args.suites:
     ids = suites.encode(model.tokenizer, suites.suite(name, args.prompts))
     answers = run_prompts(model, ids, None, None, spec).tokens
     prompts[name] = ids
     sets[f"{name} answers"] = ([p + a for p, a in zip(ids, answers)], [len(p) for p in ids])
-  recipe = heldout_figures(json.loads(RECIPE.read_text())["runs"] if RECIPE.is_file() else {})
   rows = {}
   for folder in folders:
     drafter, params = registry.load(folder, model)
-    row = rows[folder.name] = {"held-out rows": recipe.get(folder.name)}
+    row = rows[folder.name] = {}
     for name, (docs, starts) in sets.items():
       row[name] = score(drafter, params, model, docs, starts)
     for name, ids in prompts.items():
@@ -244,10 +240,8 @@ def report(result: dict) -> str:
   cols = position_sets(rows)
   return (f"`{result['command']}` on {result['machine']}, {result['date']}: first draft, "
           "1 - TV (top-1) teacher-forced; k = 1 greedy loop replayed / decoded\n\n"
-          + table(["drafter", "held-out rows"] + cols
-                  + [f"{s} replay / decode" for s in suite_names],
-                  [[n, "-" if r["held-out rows"] is None else f"{r['held-out rows']:.3f}"]
-                   + [f"{r[c]['accept']:.3f} ({r[c]['top1']:.2f})" for c in cols]
+          + table(["drafter"] + cols + [f"{s} replay / decode" for s in suite_names],
+                  [[n] + [f"{r[c]['accept']:.3f} ({r[c]['top1']:.2f})" for c in cols]
                    + [f"{r[f'{s} answers']['replay']:.2f} / {r[f'{s} decode']:.2f}"
                       for s in suite_names] for n, r in rows.items()]))
 

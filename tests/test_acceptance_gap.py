@@ -18,13 +18,22 @@ from speculax.drafters.eagle import Eagle
 from speculax.drafters.hydra import Hydra
 from speculax.drafters.medusa import Medusa
 from speculax.models.derive import truncated
-from speculax.research.acceptance_gap import (heldout_figures, plot, position_sets, replay_k1,
-                                              report, score)
+from speculax.models.load import LoadedModel
+from speculax.research import acceptance_gap
+from speculax.research.acceptance_gap import plot, position_sets, replay_k1, report, score
+from speculax.train.corpus import token_rows
+from speculax.train.experiment import DataConfig
 
 from test_eagle import _params as eagle_params
 from test_hydra import random_params
 from test_medusa import _random_heads
+from test_heads_experiment import ByteTokenizer
 from tiny_prompts import NEW, PROMPTS
+
+
+@pytest.fixture
+def model_bytes(tiny):
+  return LoadedModel(*tiny, ByteTokenizer())
 
 
 def _drafters(cfg, params):
@@ -79,22 +88,23 @@ def test_replay_moves_two_tokens_on_a_kept_draft():
 
 
 def test_plot_and_report_show_every_drafter(tmp_path):
-  score_ = {"accept": 0.4, "top1": 0.45, "replay": 0.3, "positions": 10}
-  rows = {name: {"held-out rows": None if name == "b" else 0.5, "held-out greedy": score_,
-                 "chat answers": score_, "chat decode": 0.25} for name in ("a", "b")}
-  assert position_sets(rows) == ["held-out greedy", "chat answers"]
+  score_ = lambda accept: {"accept": accept, "top1": 0.45, "replay": 0.3, "positions": 10}
+  rows = {name: {"held-out rows": score_(0.5 + 0.1 * (name == "b")), "chat answers": score_(0.4),
+                 "chat decode": 0.25} for name in ("a", "b")}
+  assert position_sets(rows) == ["held-out rows", "chat answers"]
   path = plot(rows, position_sets(rows), ["chat"], tmp_path / "gap.png")
   assert path.stat().st_size > 5000
   text = report({"command": "c", "machine": "m", "date": "d", "suites": ["chat"], "rows": rows})
-  assert "| a | 0.500 | 0.400 (0.45) | 0.400 (0.45) | 0.30 / 0.25 |" in text
-  assert "| b | - |" in text
+  assert "| a | 0.500 (0.45) | 0.400 (0.45) | 0.30 / 0.25 |" in text
+  assert "| b | 0.600 (0.45) |" in text
 
 
-def test_held_out_figures_follow_the_shipped_folder():
-  """A run shipped under another name gives that folder its figure, over a run of that name."""
-  runs = {"eagle3-smollm2": {"after": {"acceptance/depth1": 0.37}},
-          "eagle3-warm-smollm2": {"after": {"acceptance/depth1": 0.52},
-                                  "shipped": "results/drafters/eagle3-smollm2"},
-          "distill": {"after": {"acceptance": 0.39}}}
-  assert heldout_figures(runs) == {"eagle3-smollm2": 0.52, "eagle3-warm-smollm2": 0.52,
-                                   "distill": 0.39}
+def test_heldout_rows_are_the_recipes_held_out_rows_from_position_1(model_bytes, monkeypatch,
+                                                                     tmp_path):
+  """The rows train_drafters' held-out figures read (the recipe's DataConfig), scored from the
+  first position a head drafter drafts from."""
+  data = DataConfig(files=40, seq_len=32, rows=4, heldout_rows=3, answers_dir=str(tmp_path))
+  monkeypatch.setattr(acceptance_gap, "DATA", data)
+  rows, starts = acceptance_gap.heldout_rows(model_bytes)
+  want = token_rows(data, model_bytes, tmp_path)[1].tokens
+  assert np.array_equal(np.asarray(rows), want) and want.shape == (3, 32) and starts == [1, 1, 1]
