@@ -142,11 +142,11 @@ def test_heldout_acceptance_is_scored_against_the_targets_exact_law(model, tiny,
   held = token_rows(exp.data, model, exp.folder)[1]
   tokens = jnp.asarray(held.tokens)  # [8, 32]
   mask = np.ones(held.tokens.shape) if held.mask is None else np.asarray(held.mask)
-  hidden = llama.forward(params, cfg, tokens, llama.row_positions(*tokens.shape))[1]
+  logits, hidden, _ = llama.forward(params, cfg, tokens, llama.row_positions(*tokens.shape))
   batch = {"tokens": tokens, "hidden": hidden, "mask": jnp.asarray(mask, jnp.float32)}
   z = drafter.train_outputs(heads, frozen, cfg, batch, jax.random.key(0))["logits"][:, :, 0]
   q = jax.nn.softmax(vocab_trim.full_vocabulary(frozen[vocab_trim.TRIM], z, cfg.vocab_size))
-  p = jax.nn.softmax(llama.forward(params, cfg, tokens, llama.row_positions(*tokens.shape))[0])
+  p = jax.nn.softmax(logits)
   chance = np.minimum(np.asarray(p)[:, 1:], np.asarray(q)[:, :-1]).sum(-1)  # token i + 2 from i
   weight = mask[:, 1:] * mask[:, :-1]
   want = (chance * weight).sum() / weight.sum()
