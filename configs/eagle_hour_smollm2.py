@@ -11,8 +11,6 @@ from speculax.configs.eagle_chat4_smollm2 import EXPERIMENT as EAGLE_CHAT4
 from speculax.configs.eagle_smollm2 import EXPERIMENT as EAGLE
 from speculax.configs.smollm2_recipe import optim
 
-STEPS = 1000
-
 EXPERIMENT = dataclasses.replace(
     EAGLE, name="eagle-hour-smollm2", teacher_dir=EAGLE_CHAT4.teacher_dir, data=EAGLE_CHAT4.data,
-    distill=dataclasses.replace(EAGLE.distill, optim=optim(steps=STEPS)))
+    distill=dataclasses.replace(EAGLE.distill, optim=optim(steps=1000)))

@@ -187,10 +187,10 @@ def heldout_metrics(params, config: LlamaConfig, cfg, cache, frozen=None,
     rows = np.arange(lo, lo + batch_size)
     b = cache.batch(rows)
     b["mask"] = np.ones(b["tokens"].shape, np.float32) if mask is None else mask[rows]
-    if teacher is not None:  # the exact law in place of the top-k (losses.teacher_law)
-      b = {k: v for k, v in b.items() if k not in ("ids", "logprobs")}
-      b["teacher_logits"] = teacher(place(b["tokens"]))
-    b = {k: place(v) for k, v in b.items()}
+    topk = () if teacher is None else ("ids", "logprobs")  # the exact law replaces the top-k
+    b = {k: place(v) for k, v in b.items() if k not in topk}
+    if teacher is not None:  # losses.teacher_law reads it
+      b["teacher_logits"] = teacher(b["tokens"])
     parts.append(eval_metrics(params, config, cfg, b, frozen))
   return {k: float(np.mean([m[k] for m in parts])) for k in parts[0]}
 
