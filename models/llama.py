@@ -248,6 +248,7 @@ def _init_boxed(config: LlamaConfig, key: jax.Array):
   return {**top, "layers": layers}
 
 
+@jax.jit  # one program: as eager slices and transposes SmolLM2's took ~2 s a call, jitted ~0.8
 def unstack_layers(params: Params) -> Params:
   """Params for decoding: the layer stack split into a tuple of per-layer dicts, each dense
   weight stored as a Table of its output rows (models/tables.py).
