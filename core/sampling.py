@@ -25,11 +25,38 @@ class SamplingConfig(Checked):
 
   @property
   def greedy(self) -> bool:
-    return self.temperature == 0
+    # A traced temperature is a sampled one: a greedy config keeps its 0 static (_flatten).
+    return not isinstance(self.temperature, jax.Array) and self.temperature == 0
+
+  @property
+  def nucleus(self) -> bool:
+    """Whether top-p truncates (top_p < 1; a traced top_p is one that does)."""
+    return isinstance(self.top_p, jax.Array) or self.top_p < 1
 
   def check_vocab(self, vocab_size: int) -> None:
     if self.top_k > vocab_size:
       raise ValueError(f"top_k={self.top_k} exceeds the vocabulary size {vocab_size}")
+
+
+def _flatten(cfg: SamplingConfig):
+  """A pytree whose leaves are the temperature and top_p values in use (None where greedy or
+  top-p is off) and whose structure is the rest: jitted code that takes a config as an argument
+  compiles once for every sampled temperature and top-p value, and apart for greedy, top-p on or
+  off and each top_k (a shape)."""
+  return (None if cfg.greedy else cfg.temperature, cfg.top_p if cfg.nucleus else None), cfg.top_k
+
+
+def _unflatten(top_k: int, values) -> SamplingConfig:
+  # Leaves may be tracers (or whatever a tree map puts there): not validated again.
+  temperature, top_p = values
+  cfg = object.__new__(SamplingConfig)
+  for name, value in (("temperature", 0.0 if temperature is None else temperature),
+                      ("top_k", top_k), ("top_p", 1.0 if top_p is None else top_p)):
+    object.__setattr__(cfg, name, value)
+  return cfg
+
+
+jax.tree_util.register_pytree_node(SamplingConfig, _flatten, _unflatten)
 
 
 def argmax(x: jax.Array) -> jax.Array:
@@ -60,7 +87,7 @@ def probs(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
   if cfg.top_k:
     kth = jax.lax.top_k(logits, cfg.top_k)[0][..., -1:]
     logits = jnp.where(logits < kth, neg, logits)
-  if cfg.top_p < 1:
+  if cfg.nucleus:
     # Keep the smallest prefix of the sorted distribution whose mass reaches top_p (the token
     # that crosses the threshold stays in, as in Hugging Face's TopPLogitsWarper).
     order = jnp.argsort(-logits, axis=-1)

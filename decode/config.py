@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 from speculax.core.fields import Checked, field
 from speculax.core.sampling import SamplingConfig
 from speculax.decode.goodput import Goodput
@@ -39,3 +41,12 @@ class SpecConfig(GenerateConfig):
   # Medusa's typical acceptance (verifiers/typical.py; greedy output is unchanged) or a judge
   # head on the target's features (verifiers/judge.py; greedy output changes where it fires).
   lossy: Typical | Judge | None = None
+
+
+# Pytrees whose one data field is the sampling config (its temperature and top-p value: leaves,
+# core/sampling.py) and the rest their structure: the decode loops take a config as an argument
+# and compile once for every sampled temperature, where a static one compiled for each.
+for _cls in (GenerateConfig, SpecConfig):
+  jax.tree_util.register_dataclass(
+      _cls, data_fields=["sampling"],
+      meta_fields=[f.name for f in dataclasses.fields(_cls) if f.name != "sampling"])

@@ -46,7 +46,7 @@ def emit(state: DecodeState, tok: jax.Array, eos_ids: tuple[int, ...]) -> Decode
   return state.replace(out=out, n_out=n_out, last=jnp.where(active, tok, state.last), done=done)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "gen"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("state",))
 def decode_loop(params, config: LlamaConfig, gen: GenerateConfig, state: DecodeState,
                 watch: jax.Array):
   """Steps until every row is done or one of the watched rows [b] bool is."""

@@ -136,7 +136,7 @@ def verify(spec: SpecConfig, s: PearlState, logits, tokens, q) -> PearlState:
       accepted_at=s.accepted_at + kept.sum(0), drafted=s.drafted + jnp.where(active, length, 0).sum())
 
 
-@functools.partial(jax.jit, static_argnames=("config", "spec", "drafter"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("config", "drafter"), donate_argnames=("state",))
 def pearl_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: DraftModel,
                state: PearlState, watch: jax.Array) -> PearlState:
   """One device: each step's drafting and window forward in one program, until every row is
@@ -150,9 +150,9 @@ def pearl_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: 
 
 
 _draft_inputs = jax.jit(draft_inputs)
-_draft = jax.jit(draft, static_argnames=("drafter", "spec"), donate_argnames=("cache",))
+_draft = jax.jit(draft, static_argnames=("drafter",), donate_argnames=("cache",))
 _target_window = jax.jit(target_window, static_argnames=("config",), donate_argnames=("cache",))
-_verify = jax.jit(verify, static_argnames=("spec",), donate_argnames=("s",))
+_verify = jax.jit(verify, donate_argnames=("s",))
 
 
 def two_device_loop(params, dparams, config: LlamaConfig, spec: SpecConfig,
@@ -188,7 +188,7 @@ def warm_states(state: PearlState) -> list[PearlState]:
   return [state, jax.tree.map(jnp.copy, post)]
 
 
-@functools.partial(jax.jit, static_argnames=("config", "spec", "max_len"))
+@functools.partial(jax.jit, static_argnames=("config", "max_len"))
 def _start(config, spec, tokens, lengths, logits, cache, key, max_len, budget) -> PearlState:
   """The loop state after the prefill: no drafts ready (the first step pre-verifies)."""
   key, history, lengths, n_out, done = begin(key, tokens, lengths, logits, spec, max_len, budget)

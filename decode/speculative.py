@@ -147,7 +147,7 @@ REGION_ANALYSIS = {"xla_cpu_copy_insertion_use_region_analysis": True,
                    "xla_gpu_copy_insertion_use_region_analysis": True}
 
 
-@functools.partial(jax.jit, static_argnames=("config", "spec", "drafter"),
+@functools.partial(jax.jit, static_argnames=("config", "drafter"),
                    donate_argnames=("state",), compiler_options=REGION_ANALYSIS)
 def spec_loop(params, dparams, config: LlamaConfig, spec: SpecConfig, drafter: Drafter,
               state: SpecState, watch: jax.Array) -> SpecState:
@@ -218,7 +218,7 @@ def begin(key, tokens, lengths, logits, spec, max_len: int, budget):
   return key, history, lengths + 1, n_out, stop
 
 
-@functools.partial(jax.jit, static_argnames=("config", "spec", "drafter", "max_len"))
+@functools.partial(jax.jit, static_argnames=("config", "drafter", "max_len"))
 def _start(params, dparams, config, spec, drafter, tokens, lengths, logits, hidden, cache, key,
            max_len, budget, step_costs, estimate):
   """The loop state after the prefill, with the drafter's state (which may read the prefill's

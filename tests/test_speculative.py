@@ -124,3 +124,29 @@ def test_no_recompilation_within_a_prompt_bucket(tiny):
   assert spec_loop._cache_size() == compiled
   speculative_generate(params, cfg, [[1] * 33, [4]], PromptLookup(), spec)  # next bucket
   assert spec_loop._cache_size() == compiled + 1
+
+
+def test_one_program_for_every_sampled_temperature(tiny):
+  """Temperature and top-p's value are traced: a new value reuses the loops' programs (and
+  changes the draws); greedy, top-p on or off and top_k compile apart."""
+  from speculax.decode.generate import decode_loop
+  from speculax.decode.speculative import spec_loop
+  cfg, params = tiny
+  prompts, key = [[1, 2, 3], [4, 5]], jax.random.key(0)
+  run = lambda **s: speculative_generate(params, cfg, prompts, PromptLookup(), SpecConfig(
+      k=3, max_new_tokens=12, sampling=SamplingConfig(**s)), key=key).tokens
+  hot = run(temperature=1.0, top_p=0.9)
+  compiled = spec_loop._cache_size()
+  cold = run(temperature=0.05, top_p=0.5)
+  assert spec_loop._cache_size() == compiled and not np.array_equal(hot, cold)
+  np.testing.assert_array_equal(cold, run(temperature=0.05, top_p=0.5))  # one key, one draw
+  run(temperature=1.0)  # top-p off
+  run(temperature=0.0)  # greedy
+  run(temperature=1.0, top_k=4)
+  assert spec_loop._cache_size() == compiled + 3
+  gen = lambda t: generate(params, cfg, prompts, GenerateConfig(
+      max_new_tokens=12, sampling=SamplingConfig(temperature=t)), key=key).tokens
+  gen(0.7)
+  compiled = decode_loop._cache_size()
+  gen(1.3)
+  assert decode_loop._cache_size() == compiled
