@@ -166,17 +166,19 @@ def two_device_loop(params, dparams, config: LlamaConfig, spec: SpecConfig,
   # Committed from the first step on, as every step's outputs are: one compiled program each.
   target_device = next(iter(state.lengths.devices()))
   s, dcache = jax.device_put(state.replace(drafter=None), target_device), state.drafter
+  # The config's sampling values placed once on each side, not sent from the host every step.
+  draft_spec, target_spec = (jax.device_put(spec, d) for d in (draft_device, target_device))
   while True:
     going, post = jax.device_get((engine.running(s.done, watch), jnp.any(s.n_ready > 0)))
     if not going:
       break
     inputs = jax.device_put(_draft_inputs(s), draft_device)
-    tokens, q, dcache = _draft(dparams, drafter, spec, dcache, *inputs)
+    tokens, q, dcache = _draft(dparams, drafter, draft_spec, dcache, *inputs)
     window = s.replace(cache=None) if post else s.replace(cache=None, ready=s.ready[:, :0])
     logits, cache = _target_window(params, config, s.cache, window)
     # Committed to the target's device, so that the check runs there.
     tokens, q = jax.device_put((tokens, q), target_device)
-    s = _verify(spec, s.replace(cache=cache), logits, tokens, q)
+    s = _verify(target_spec, s.replace(cache=cache), logits, tokens, q)
   return s.replace(drafter=dcache)
 
 

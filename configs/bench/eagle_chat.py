@@ -20,6 +20,7 @@ BENCH = BenchConfig(
                                     (" + lookup k=3", dict(k=3, lookup=2)))
                   for name, folder in SHIPPED)
     + tuple(method(f"eagle-chat4 + lookup k={k}", "eagle", k=k, lookup=2,
-                   heads="results/drafters/eagle-chat4-smollm2") for k in (4, 6, 7, 8)),
+                   heads=f"results/drafters/{dict(SHIPPED)['eagle-chat4']}")
+            for k in (4, 6, 7, 8)),
     suites=("humaneval", "chat"), prompts=3, batch_sizes=(1,), temperatures=(0.0,), new_tokens=48,
     repeats=2)
