@@ -78,6 +78,8 @@ def _experiment(name: str, args):
   if args.lr:
     distill = dataclasses.replace(distill, optim=dataclasses.replace(distill.optim,
                                                                      learning_rate=args.lr))
+  if args.batch:
+    distill = dataclasses.replace(distill, batch_size=args.batch)
   name = exp.name + (f"-{args.tag}" if args.tag else "")
   every = distill.optim.total_steps // 4 or 1
   return dataclasses.replace(exp, name=name, distill=distill, eval_every=every,
@@ -140,6 +142,7 @@ def main():
   ap.add_argument("--drafters", default="eagle", help=f"from {','.join(DRAFTERS)}")
   ap.add_argument("--steps", type=int, default=0, help="updates (0: the experiment's own)")
   ap.add_argument("--lr", type=float, default=0, help="peak learning rate (0: the experiment's)")
+  ap.add_argument("--batch", type=int, default=0, help="rows an update (0: the experiment's)")
   ap.add_argument("--divergence", default=None, help="override the objective (fkl, lk, tvd, ...)")
   ap.add_argument("--option", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                   help="a divergence option, e.g. --option kl_weight 0.1")

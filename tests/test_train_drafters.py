@@ -26,7 +26,7 @@ def test_a_report_of_an_empty_results_file_names_it(monkeypatch, capsys, tmp_pat
 
 def _args(**kw) -> argparse.Namespace:
   return argparse.Namespace(**{**dict(divergence=None, option=[], steps=0, learn=None, prompts=0,
-                                      rows=0, lr=0, tag="", init_from=None, heldout_teacher=None),
+                                      rows=0, lr=0, batch=0, tag="", init_from=None, heldout_teacher=None),
                                **kw})
 
 
@@ -51,3 +51,14 @@ def test_heldout_teacher_sets_the_law_and_the_report_names_it(capsys):
   lines = capsys.readouterr().out.splitlines()
   assert any("| old | all, top-k law |" in line for line in lines)
   assert any("| new | all, exact law |" in line for line in lines)
+
+
+def test_steps_lr_and_batch_override_the_experiments_own():
+  """--steps, --lr and --batch replace the experiment's updates, peak rate and rows an update;
+  held-out evaluations fall on each quarter of the updates."""
+  own = train_drafters._experiment("eagle_hour", _args()).distill
+  exp = train_drafters._experiment("eagle_hour", _args(steps=2000, lr=5e-3, batch=4))
+  assert (exp.distill.optim.total_steps, exp.distill.optim.learning_rate,
+          exp.distill.batch_size) == (2000, 5e-3, 4)
+  assert (own.optim.total_steps, own.optim.learning_rate, own.batch_size) == (1000, 3e-3, 8)
+  assert exp.eval_every == 500
