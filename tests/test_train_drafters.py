@@ -26,7 +26,8 @@ def test_a_report_of_an_empty_results_file_names_it(monkeypatch, capsys, tmp_pat
 
 def _args(**kw) -> argparse.Namespace:
   return argparse.Namespace(**{**dict(divergence=None, option=[], steps=0, learn=None, prompts=0,
-                                      rows=0, lr=0, batch=0, tag="", init_from=None, heldout_teacher=None),
+                                      rows=0, lr=0, batch=0, tag="", init_from=None,
+                                      heldout_teacher=None),
                                **kw})
 
 
