@@ -16,7 +16,7 @@ from speculax.drafters.medusa import Medusa
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models import llama
 from speculax.train.distill import eval_metrics, init_state, train_step
-from speculax.train import losses
+from speculax.train import losses, teacher_law
 from speculax.train.heads import HeadsConfig
 from speculax.train.optim import OptimConfig
 
@@ -124,13 +124,16 @@ def test_trimmed_training_scores_the_serving_law(tiny, drafter):
   loss, got = objective(heads_params, frozen, batch)
   full = _train_logits(drafter, heads_params, params, cfg, batch)  # [b, t, J, v]
   served = jnp.full_like(full, -jnp.inf).at[..., kept].set(full[..., kept])
-  teacher = losses.teacher_logprobs_from_topk(batch["ids"], batch["logprobs"], cfg.vocab_size)
+  teacher = teacher_law.teacher_logprobs_from_topk(batch["ids"], batch["logprobs"], cfg.vocab_size)
   t = tokens.shape[1]
   for j in range(1, full.shape[2] + 1):
     want = losses.token_acceptance(teacher[:, j:], served[:, :t - j, j - 1], jnp.ones((4, t - j)))
     untrimmed = losses.token_acceptance(teacher[:, j:], full[:, :t - j, j - 1],
                                         jnp.ones((4, t - j)))
     np.testing.assert_allclose(got[f"acceptance/depth{j}"], want, rtol=1e-5)
+    agree = np.argmax(full[:, :t - j, j - 1][..., kept], -1) == np.argmax(
+        teacher[:, j:][..., kept], -1)  # both on the kept ids
+    np.testing.assert_allclose(got[f"top1/depth{j}"], agree.mean(), rtol=1e-6)
     assert abs(float(want) - float(untrimmed)) > 1e-3  # trimming changed the law measured
   grads = jax.jit(jax.grad(lambda *args: objective(*args)[0]))(heads_params, frozen, batch)
   assert np.isfinite(float(loss)) and all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
@@ -140,8 +143,8 @@ def test_topk_teacher_on_kept_ids_is_the_dense_law_there():
   rng = np.random.default_rng(0)
   logp = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(2, 3, 50)) * 3, jnp.float32))
   values, ids = jax.lax.top_k(logp, 8)
-  dense = losses.teacher_logprobs_from_topk(ids, values, 50)  # [2, 3, 50]
+  dense = teacher_law.teacher_logprobs_from_topk(ids, values, 50)  # [2, 3, 50]
   np.testing.assert_allclose(jnp.exp(dense).sum(-1), 1, rtol=1e-5)
   kept = jnp.asarray(np.sort(rng.permutation(50)[:20]))
-  np.testing.assert_allclose(losses.teacher_logprobs_from_topk(ids, values, 50, kept),
+  np.testing.assert_allclose(teacher_law.teacher_logprobs_from_topk(ids, values, 50, kept),
                              dense[..., kept], rtol=1e-5, atol=1e-6)

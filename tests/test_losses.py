@@ -204,50 +204,6 @@ def test_jsd_limits():
       losses.jsd(jnp.zeros((1, 1, 2)), jnp.zeros((1, 1, 2)), jnp.ones((1, 1)), beta=beta)
 
 
-_from_topk = jax.jit(losses.teacher_logprobs_from_topk, static_argnums=2)
-
-
-def test_topk_full_vocab_is_exact():
-  logp = _log_softmax(_rand(7, 3.0))
-  ids = np.argsort(np.random.default_rng(8).uniform(size=(B, T, V)), -1)  # shuffled order
-  dense = _from_topk(jnp.asarray(ids, jnp.int32),
-                     jnp.asarray(np.take_along_axis(logp, ids, -1), jnp.float32), V)
-  np.testing.assert_allclose(dense, logp, atol=1e-6)
-
-
-def test_topk_partial():
-  logp = _log_softmax(_rand(9, 3.0))
-  ids = np.argsort(-logp, -1)[..., :2]
-  vals = np.take_along_axis(logp, ids, -1)
-  dense = np.asarray(_from_topk(jnp.asarray(ids, jnp.int32), jnp.asarray(vals, jnp.float32), V))
-  np.testing.assert_allclose(np.exp(dense).sum(-1), 1.0, atol=1e-6)
-  np.testing.assert_allclose(np.take_along_axis(dense, ids, -1), vals, atol=1e-6)
-  rest = (1 - np.exp(vals).sum(-1)) / (V - 2)
-  others = np.exp(np.sort(dense, -1)[..., : V - 2])
-  np.testing.assert_allclose(others, np.broadcast_to(rest[..., None], others.shape), rtol=1e-5)
-  # a top-k mass that rounds above 1 still gives finite, normalized log-probs
-  over = np.asarray(_from_topk(jnp.asarray(ids, jnp.int32),
-                               jnp.log(jnp.full((B, T, 2), 0.505, jnp.float32)), V))
-  assert np.all(np.isfinite(over))
-  np.testing.assert_allclose(np.exp(over).sum(-1), 1.0, atol=1e-6)
-  with pytest.raises(ValueError, match="K=6"):
-    losses.teacher_logprobs_from_topk(jnp.zeros((1, 1, 6), jnp.int32), jnp.zeros((1, 1, 6)), V)
-
-
-def test_teacher_law_reads_exact_logits_where_a_batch_holds_them():
-  logits = _rand(10, 3.0)
-  ids = np.argsort(-logits, -1)[..., :2]
-  cached = {"ids": jnp.asarray(ids, jnp.int32),
-            "logprobs": jnp.asarray(np.take_along_axis(_log_softmax(logits), ids, -1))}
-  kept = jnp.asarray([0, 2, 3])
-  exact = losses.teacher_law({**cached, "teacher_logits": jnp.asarray(logits)}, V)
-  np.testing.assert_allclose(exact, _log_softmax(logits), atol=1e-6)
-  np.testing.assert_allclose(losses.teacher_law({"teacher_logits": jnp.asarray(logits)}, V, kept),
-                             _log_softmax(logits)[..., [0, 2, 3]], atol=1e-6)
-  np.testing.assert_allclose(losses.teacher_law(cached, V, kept),
-                             _from_topk(cached["ids"], cached["logprobs"], V)[..., kept], atol=1e-6)
-
-
 @functools.partial(jax.jit, static_argnames="n")
 def _tvd_pp_grads(teacher_logp, student_logits, mask, key, n):
   """grad of tvd, TVD++ and unnormalized TVD++ with n samples; tvd++ via both entry points."""

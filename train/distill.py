@@ -18,7 +18,7 @@ import optax
 from speculax.core.fields import Checked, field
 from speculax.models import llama
 from speculax.models.config import LlamaConfig
-from speculax.train import losses
+from speculax.train import losses, teacher_law
 from speculax.train.optim import OptimConfig, make_optimizer
 
 CE = "ce"  # plain next-token cross-entropy on the (target-generated) tokens: the baseline
@@ -42,7 +42,7 @@ class DistillConfig(Checked):
       self.loss_fn()  # raises ValueError naming an unknown divergence option
 
   def loss_fn(self):
-    return losses.get_divergence(self.divergence, **dict(self.divergence_options))
+    return teacher_law.get_divergence(self.divergence, **dict(self.divergence_options))
 
   def objective(self, params, config: LlamaConfig, batch, key, frozen=None):
     """(loss, metrics) of one micro-batch; see `distill_loss` (nothing frozen is read)."""
@@ -83,13 +83,13 @@ def distill_loss(params, config: LlamaConfig, cfg: DistillConfig, batch, key):
   """batch: tokens [b, t], mask [b, t], teacher ids/logprobs [b, t, K] (top-k of p per position)
   or the target's exact teacher_logits [b, t, v]."""
   logits = _student_logits(params, config, batch["tokens"], cfg.mixed_precision)
-  teacher = losses.teacher_law(batch, config.vocab_size)
+  teacher = teacher_law.teacher_law(batch, config.vocab_size)  # [b, t, v] or its TopK
   mask = batch["mask"]
   if cfg.divergence == CE:
     loss = losses.cross_entropy(batch["tokens"][:, 1:], logits[:, :-1], mask[:, :-1])
   else:
     loss = cfg.loss_fn()(teacher, logits, mask, key=key)
-  return loss, {"loss": loss, "acceptance": losses.token_acceptance(teacher, logits, mask)}
+  return loss, {"loss": loss, "acceptance": teacher_law.token_acceptance(teacher, logits, mask)}
 
 
 @functools.partial(jax.jit, static_argnames=("config", "cfg"), donate_argnames=("state",))

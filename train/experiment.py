@@ -189,7 +189,7 @@ def heldout_metrics(params, config: LlamaConfig, cfg, cache, frozen=None,
     b["mask"] = np.ones(b["tokens"].shape, np.float32) if mask is None else mask[rows]
     topk = () if teacher is None else ("ids", "logprobs")  # the exact law replaces the top-k
     b = {k: place(v) for k, v in b.items() if k not in topk}
-    if teacher is not None:  # losses.teacher_law reads it
+    if teacher is not None:  # teacher_law.teacher_law reads it
       b["teacher_logits"] = teacher(b["tokens"])
     parts.append(eval_metrics(params, config, cfg, b, frozen))
   return {k: float(np.mean([m[k] for m in parts])) for k in parts[0]}

@@ -29,14 +29,15 @@ import optax
 from speculax.core.fields import Checked, field
 from speculax.drafters import vocab_trim
 from speculax.drafters.base import Drafter
-from speculax.train import losses
+from speculax.train import teacher_law
+from speculax.train.losses import Divergence
 from speculax.train.optim import OptimConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class HeadsConfig(Checked):
   drafter: Drafter | None = None  # a trained kind (Medusa, Hydra, Eagle)
-  divergence: losses.Divergence = "fkl"
+  divergence: Divergence = "fkl"
   divergence_options: tuple[tuple[str, float], ...] = ()
   # Weight of the acceptance head's loss, when it has one.
   acceptance_weight: float = field(1.0, ge=0)
@@ -53,7 +54,7 @@ class HeadsConfig(Checked):
     if self.drafter is None or not self.drafter.trained:
       raise ValueError(f"HeadsConfig.drafter must be a head drafter (Medusa, Hydra, Eagle), "
                        f"got {self.drafter!r}")
-    losses.get_divergence(self.divergence, **dict(self.divergence_options))  # names a bad option
+    teacher_law.get_divergence(self.divergence, **dict(self.divergence_options))  # names a bad one
 
   @property
   def steps(self) -> int:
@@ -68,32 +69,38 @@ class HeadsConfig(Checked):
     target's params (for a trimmed drafter, with its kept output rows under vocab_trim.TRIM:
     the teacher and the metrics then live on those ids).
     """
-    divergence = losses.get_divergence(self.divergence, **dict(self.divergence_options))
+    divergence = teacher_law.get_divergence(self.divergence, **dict(self.divergence_options))
     kept = frozen.get(vocab_trim.TRIM, {}).get("ids")  # a trimmed drafter's ids [n], or None
-    teacher = losses.teacher_law(batch, config.vocab_size, kept)  # [b, t, v or n]
+    teacher = teacher_law.teacher_law(batch, config.vocab_size, kept)  # [b, t, n] or its TopK
     out = self.drafter.train_outputs(params, frozen, config, batch, key)
-    logits, accept = out["logits"], out.get("accept_logits")  # [b, t, J, v], [b, t, J]
-    t, depth = teacher.shape[1], logits.shape[2]
+    logits, accept = out["logits"], out.get("accept_logits")  # [b, t, J, n], [b, t, J]
+    t, depth = batch["mask"].shape[1], logits.shape[2]
     if depth >= t:
       raise ValueError(f"training {depth} draft depths needs rows longer than {depth} tokens, "
                        f"got {t}")
     total, metrics, accs = 0.0, dict(out.get("metrics", {})), []
     decay = [self.depth_decay ** j for j in range(depth)]
     for j, w in enumerate([d / sum(decay) for d in decay], 1):  # depth j at i vs teacher at i + j
-      student, target = logits[:, :t - j, j - 1], teacher[:, j:]
-      mask = batch["mask"][:, j:] * batch["mask"][:, :t - j]
+      # Every position, the teacher rolled back j: the last j, which have none, are masked (no
+      # slice of the [b, t, n] logits is copied).
+      student = logits[:, :, j - 1]  # [b, t, n]
+      target = jax.tree.map(lambda x: jnp.roll(x, -j, axis=1), teacher)
+      mask = batch["mask"] * jnp.pad(batch["mask"][:, j:], ((0, 0), (0, j)))  # [b, t]
       loss = divergence(target, student, mask, key=jax.random.fold_in(key, j))
       total += w * loss
-      chance = losses.expected_acceptance(target, student)  # [b, t - j] 1 - TV per position
+      chance = teacher_law.acceptance(target, student, mask)  # [b, t] 1 - TV per position
       n = jnp.maximum(mask.sum(), 1)
-      acc = (chance * mask).sum() / n
-      agree = (jnp.argmax(student, -1) == jnp.argmax(target, -1)) * mask
+      acc = chance.sum() / n
+      # the student's logit at the teacher's top is its largest: top-1 agreement, ties aside
+      at_top = jnp.take_along_axis(student, teacher_law.top(target, student.shape[-1])[..., None],
+                                   -1)[..., 0]
+      agree = (at_top >= jnp.max(student, -1)) * mask
       metrics |= {f"loss/depth{j}": loss, f"acceptance/depth{j}": acc,
                   f"top1/depth{j}": agree.sum() / n}
       accs.append(acc)
       if accept is not None:
         label = jax.lax.stop_gradient(chance)
-        bce = optax.sigmoid_binary_cross_entropy(accept[:, :t - j, j - 1], label)
+        bce = optax.sigmoid_binary_cross_entropy(accept[:, :, j - 1], label)
         bce = (bce * mask).sum() / n
         total += w * self.acceptance_weight * bce
         metrics[f"acceptance_head_bce/depth{j}"] = bce

@@ -16,11 +16,11 @@ Registry calling convention (`DIVERGENCES`, `get_divergence`):
 
   fn(teacher_logp [b, t, v], student_logits [b, t, v], mask [b, t], *, key=None) -> scalar
 
-teacher_logp are normalized log-probs (`teacher_logprobs_from_logits` for full logits,
-`teacher_logprobs_from_topk` for a cached top-k); student_logits are raw logits. Only "tvd++"
-uses `key` (it samples from the student) and raises without one. Per-divergence options
-(jsd's beta; tvd++'s n_samples, normalize; lk's kl_weight; every one's teacher_temperature) are
-bound with `get_divergence(name, **options)`.
+teacher_logp are normalized log-probs (train/teacher_law.py makes them from a batch's exact logits
+or cached top-k, and reads fkl and lk on a top-k law without spreading it); student_logits are raw
+logits. Only "tvd++" uses `key` (it samples from the student) and raises without one. Per-divergence
+options (jsd's beta; tvd++'s n_samples, normalize; lk's kl_weight; every one's teacher_temperature)
+are bound with `get_divergence(name, **options)`.
 `cross_entropy` is not in the registry: it needs target tokens, not a teacher distribution.
 
 Zero probabilities: a teacher log-prob of -inf is clamped to LOG_FLOOR = log(float32 tiny)
@@ -43,63 +43,7 @@ import jax
 import jax.numpy as jnp
 
 LOG_FLOOR = math.log(float(jnp.finfo(jnp.float32).tiny))  # ~ -87.34
-_MIN_REST_MASS = 1e-10  # floor on the mass a top-k cache leaves for the other v - K tokens
 _STD_EPS = 1e-6
-
-
-# ----------------------------------------------------------------------------- teacher inputs
-
-def teacher_logprobs_from_logits(logits: jax.Array) -> jax.Array:
-  """Full teacher logits [..., v] -> float32 log-probs [..., v] (the registry's teacher input)."""
-  return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-
-
-def teacher_logprobs_from_topk(ids: jax.Array, logprobs: jax.Array, vocab: int,
-                               kept: jax.Array | None = None) -> jax.Array:
-  """Dense teacher log-probs [b, t, v] from a cached top-k (ids, logprobs [b, t, K]).
-
-  Caching the full teacher distribution costs v floats per token (49152 for SmolLM2); a top-k
-  cache keeps the mass that matters. `logprobs` must be full-vocabulary log-probs (log_softmax
-  then top_k). The leftover mass 1 - sum(exp(logprobs)) is spread uniformly over the other
-  v - K tokens, floored at a tiny positive mass so every log stays finite, and the result is
-  normalized over the vocabulary so it sums to 1 even when rounding makes the top-k mass exceed
-  1. With K == v it reproduces the full distribution.
-
-  kept: sorted token ids [n] (a VocabTrim drafter's): the same law's log-probs of those ids only
-  [b, t, n], not renormalized, so sum min(p, q) over them is still the acceptance of a draft
-  whose q is zero elsewhere.
-  """
-  if ids.shape != logprobs.shape:
-    raise ValueError(f"top-k ids {ids.shape} and logprobs {logprobs.shape} must match")
-  k = ids.shape[-1]
-  if not 1 <= k <= vocab:
-    raise ValueError(f"top-k size K={k} must be in [1, vocab={vocab}]")
-  logprobs = logprobs.astype(jnp.float32)
-  top_mass = jnp.sum(jnp.exp(logprobs), axis=-1, keepdims=True)  # [b, t, 1]
-  rest = jnp.maximum(1.0 - top_mass, _MIN_REST_MASS)
-  others = vocab - k
-  log_rest = jnp.log(rest) - math.log(max(others, 1))  # [b, t, 1] each other token's
-  log_z = jnp.log(top_mass + (rest if others else 0.0))  # [b, t, 1]
-  ids = ids.astype(jnp.int32)
-  n = vocab
-  if kept is not None:  # where each top-k id sits among the kept ones; n (dropped) if absent
-    n = kept.shape[0]
-    at = jnp.clip(jnp.searchsorted(kept, ids), 0, n - 1)
-    ids = jnp.where(kept[at] == ids, at, n)
-  dense = jnp.broadcast_to(log_rest - log_z, (*ids.shape[:-1], n))  # [b, t, n]
-  lead = jnp.indices(ids.shape, sparse=True)[:-1]
-  return dense.at[(*lead, ids)].set(logprobs - log_z, mode="drop")
-
-
-def teacher_law(batch: dict, vocab: int, kept: jax.Array | None = None) -> jax.Array:
-  """The teacher's log-probs [b, t, v] from a batch: its exact logits ("teacher_logits"
-  [b, t, v]) where it holds them, else its cached top-k ("ids", "logprobs" [b, t, K];
-  `teacher_logprobs_from_topk`). kept: sorted ids [n]: those ids' log-probs only [b, t, n], not
-  renormalized, as `teacher_logprobs_from_topk` gives them."""
-  if "teacher_logits" in batch:
-    logp = teacher_logprobs_from_logits(batch["teacher_logits"])
-    return logp if kept is None else jnp.take(logp, kept, axis=-1)
-  return teacher_logprobs_from_topk(batch["ids"], batch["logprobs"], vocab, kept)
 
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -208,13 +152,18 @@ def token_acceptance(teacher_logp: jax.Array, student_logits: jax.Array,
   return _masked_mean(jnp.sum(jnp.minimum(p, q), axis=-1), w, valid)
 
 
+def check_kl_weight(kl_weight: float) -> None:
+  """lk's kl_weight must be >= 0."""
+  if kl_weight < 0:
+    raise ValueError(f"lk kl_weight must be >= 0, got {kl_weight}")
+
+
 def log_acceptance(teacher_logp: jax.Array, student_logits: jax.Array, mask: jax.Array, *,
                    kl_weight: float = 0.0) -> jax.Array:
   """-log sum min(p, q): the acceptance itself as the objective (SpecForge's LK loss), whose
   gradient grows as acceptance falls, unlike TVD's; plus kl_weight * KL(p || q), which also
   moves q where it already exceeds p (TV's gradient there is flat in the ordering of p)."""
-  if kl_weight < 0:
-    raise ValueError(f"lk kl_weight must be >= 0, got {kl_weight}")
+  check_kl_weight(kl_weight)
   p, logp, q, logq, _, w, valid = _prepare(teacher_logp, student_logits, mask)
   accept = jnp.sum(jnp.minimum(p, q), axis=-1)  # [b, t]
   per_pos = -jnp.log(jnp.maximum(accept, jnp.finfo(jnp.float32).tiny))
