@@ -70,6 +70,10 @@ def test_top_k_and_hidden_match_forward(tiny, tokens, direct, tmp_path):
   np.testing.assert_allclose(got["logprobs"], values[rows], rtol=1e-5, atol=1e-5)
   assert got["hidden"].shape == (3, 4, T, tiny[0].d_model)
   np.testing.assert_allclose(got["hidden"], direct[1][:, rows], rtol=1e-5, atol=1e-5)
+  for name, array in cache.arrays.items():  # a file a shard of 3 rows, each row read alone
+    row = teacher_cache.ROW_AXIS.get(name, 0)
+    layout = array.chunk_layout
+    assert (layout.write_chunk.shape[row], layout.read_chunk.shape[row]) == (3, 1), name
 
 
 def test_full_logprobs_match_forward(tiny, tokens, direct, tmp_path):
