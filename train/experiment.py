@@ -34,11 +34,11 @@ from speculax.models.load import LoadedModel, load
 from speculax.models.sharding import MeshConfig, make_mesh
 from speculax.train import corpus
 from speculax.train import prompts as prompt_sources
-from speculax.train.distill import DistillConfig, eval_metrics, teacher_logits
+from speculax.train.distill import DistillConfig, TrainState, eval_metrics, teacher_logits
 from speculax.train.heads import HeadsConfig, frozen_params
 from speculax.train.loop import Target, fit, place_frozen, replicate_rest, sharded_init
 from speculax.train.metrics_log import MetricsLog
-from speculax.train.teacher_cache import build_teacher_cache, params_fingerprint
+from speculax.train.teacher_cache import TeacherCache, build_teacher_cache, params_fingerprint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,21 +200,26 @@ def cache_name(split: str, hidden_layers: tuple[int, ...]) -> str:
   return f"teacher_{split}" + "".join(f"_h{i}" for i in hidden_layers)
 
 
-def run(exp: DistillExperiment, *, until: int | None = None,
-        model: LoadedModel | None = None,
-        rows: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
-  """Runs (or resumes) the experiment; returns held-out metrics before and after training,
-  and for a finished head-drafter run the folder it saved the drafter in ("heads").
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """An experiment ready to train: its target, rows, teacher caches and starting state."""
+  model: LoadedModel
+  student: Student
+  train_rows: corpus.Rows
+  held_rows: corpus.Rows
+  order: np.ndarray  # [v] the training tokens by frequency (VocabTrim's ids)
+  teacher: TeacherCache  # of the training rows
+  held: TeacherCache  # of the held-out rows
+  state: TrainState
+  frozen: dict | None  # placed on the experiment's mesh
 
-  model: the loaded target (default: load(exp.target)).
-  rows: (train, held-out) token rows [n, seq_len] of a corpus of your own, as arrays (every
-  position learned) or corpus.Rows with a loss mask (default: the rows exp.data describes,
-  train/corpus.py).
-  """
-  heads = isinstance(exp.distill, HeadsConfig)
+
+def prepare(exp: DistillExperiment, model: LoadedModel | None = None,
+            rows: tuple[np.ndarray, np.ndarray] | None = None) -> Prepared:
+  """Everything `run` trains from (model, rows: as `run` takes them), building what is missing:
+  the corpus and both teacher caches."""
   model = load(exp.target) if model is None else model
-  folder = exp.folder
-  caches = folder if exp.teacher_dir is None else pathlib.Path(exp.teacher_dir)
+  caches = exp.folder if exp.teacher_dir is None else pathlib.Path(exp.teacher_dir)
   # In a multi-process run process 0 writes the corpus and teacher caches, the others then
   # open what it wrote; each reads only its own rows of every batch (train/loop.py).
   if rows is None:
@@ -233,8 +238,27 @@ def run(exp: DistillExperiment, *, until: int | None = None,
 
   teacher = teacher_cache("train", train_rows.tokens)
   held = teacher_cache("heldout", held_rows.tokens)
-  state = sharded_init(s.params, s.config, exp.distill, exp.mesh)
-  frozen = None if s.frozen is None else place_frozen(s.frozen, model.config, exp.mesh)
+  return Prepared(model, s, train_rows, held_rows, order, teacher, held,
+                  sharded_init(s.params, s.config, exp.distill, exp.mesh),
+                  None if s.frozen is None else place_frozen(s.frozen, model.config, exp.mesh))
+
+
+def run(exp: DistillExperiment, *, until: int | None = None,
+        model: LoadedModel | None = None,
+        rows: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
+  """Runs (or resumes) the experiment; returns held-out metrics before and after training,
+  and for a finished head-drafter run the folder it saved the drafter in ("heads").
+
+  model: the loaded target (default: load(exp.target)).
+  rows: (train, held-out) token rows [n, seq_len] of a corpus of your own, as arrays (every
+  position learned) or corpus.Rows with a loss mask (default: the rows exp.data describes,
+  train/corpus.py).
+  """
+  heads = isinstance(exp.distill, HeadsConfig)
+  p = prepare(exp, model, rows)
+  model, s, train_rows, held_rows, teacher, held, state, frozen = (
+      p.model, p.student, p.train_rows, p.held_rows, p.teacher, p.held, p.state, p.frozen)
+  folder = exp.folder
   exact = exp.data.heldout_teacher == "exact"
   evaluate = lambda st: heldout_metrics(
       st.params, s.config, exp.distill, held, frozen, mesh=exp.mesh, mask=held_rows.mask,
@@ -255,7 +279,7 @@ def run(exp: DistillExperiment, *, until: int | None = None,
   if saved:
     drafter = exp.distill.drafter if heads else DraftModel(s.config)
     save_drafter(folder, drafter, state.params, exp.target, model.config, int(state.step),
-                 vocab_ids=order)
+                 vocab_ids=p.order)
   return {"heldout_acceptance_before": before["acceptance"],
           "heldout_acceptance_after": after["acceptance"],
           "heldout_before": before, "heldout_after": after,
