@@ -13,21 +13,17 @@ B, T, V = 2, 2, 5
 N, K = 12, 4  # the top-k forms' vocabulary and top-k
 
 
-def _log_softmax(x):
-  x = np.asarray(x, np.float64)
-  m = np.max(x, -1, keepdims=True)
-  return x - m - np.log(np.sum(np.exp(x - m), -1, keepdims=True))
-
-
-def _rand(seed, scale=1.0):
-  return np.random.default_rng(seed).normal(size=(B, T, V)) * scale
+def _logp(seed, scale, shape=(B, T, V)):
+  """A random law's float64 log-probs."""
+  x = np.random.default_rng(seed).normal(size=shape) * scale
+  return x - np.log(np.sum(np.exp(x), -1, keepdims=True))
 
 
 _from_topk = jax.jit(teacher_law.teacher_logprobs_from_topk, static_argnums=2)
 
 
 def test_topk_full_vocab_is_exact():
-  logp = _log_softmax(_rand(7, 3.0))
+  logp = _logp(7, 3.0)
   ids = np.argsort(np.random.default_rng(8).uniform(size=(B, T, V)), -1)  # shuffled order
   dense = _from_topk(jnp.asarray(ids, jnp.int32),
                      jnp.asarray(np.take_along_axis(logp, ids, -1), jnp.float32), V)
@@ -35,7 +31,7 @@ def test_topk_full_vocab_is_exact():
 
 
 def test_topk_partial():
-  logp = _log_softmax(_rand(9, 3.0))
+  logp = _logp(9, 3.0)
   ids = np.argsort(-logp, -1)[..., :2]
   vals = np.take_along_axis(logp, ids, -1)
   dense = np.asarray(_from_topk(jnp.asarray(ids, jnp.int32), jnp.asarray(vals, jnp.float32), V))
@@ -54,15 +50,15 @@ def test_topk_partial():
 
 
 def test_teacher_law_reads_exact_logits_where_a_batch_holds_them():
-  logits = _rand(10, 3.0)
+  logits = _logp(10, 3.0)  # log-probs: their own log-softmax
   ids = np.argsort(-logits, -1)[..., :2]
   cached = {"ids": jnp.asarray(ids, jnp.int32),
-            "logprobs": jnp.asarray(np.take_along_axis(_log_softmax(logits), ids, -1))}
+            "logprobs": jnp.asarray(np.take_along_axis(logits, ids, -1))}
   kept = jnp.asarray([0, 2, 3])
   exact = teacher_law.teacher_law({**cached, "teacher_logits": jnp.asarray(logits)}, V)
-  np.testing.assert_allclose(exact, _log_softmax(logits), atol=1e-6)
-  np.testing.assert_allclose(teacher_law.teacher_law({"teacher_logits": jnp.asarray(logits)}, V, kept),
-                             _log_softmax(logits)[..., [0, 2, 3]], atol=1e-6)
+  np.testing.assert_allclose(exact, logits, atol=1e-6)
+  on_kept = teacher_law.teacher_law({"teacher_logits": jnp.asarray(logits)}, V, kept)
+  np.testing.assert_allclose(on_kept, logits[..., [0, 2, 3]], atol=1e-6)
   np.testing.assert_allclose(teacher_law.dense(teacher_law.teacher_law(cached, V, kept), 3),
                              _from_topk(cached["ids"], cached["logprobs"], V)[..., kept], atol=1e-6)
 
@@ -94,8 +90,8 @@ def _both_ways(law, student, mask):
 def _case(seed: int, kept: np.ndarray | None):
   """A top-K law of a random teacher over N ids (on `kept` only when given), student logits
   over its ids with a masked row of NaN, and a fractional mask."""
-  rng = np.random.default_rng(seed)
-  logp = _log_softmax(rng.normal(size=(2, 3, N)) * 3)
+  logp = _logp(seed, 3.0, (2, 3, N))
+  rng = np.random.default_rng(seed + 100)
   ids = np.argsort(-logp, -1)[..., :K]
   law = teacher_law.from_topk(jnp.asarray(ids, jnp.int32),
                               jnp.asarray(np.take_along_axis(logp, ids, -1), jnp.float32), N,

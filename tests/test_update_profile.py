@@ -18,24 +18,22 @@ ENTRY %main.9 (p0: f32[8,6], rows: f32[48,6], w: f32[6,16]) -> (f32[8,6], f32[6,
   %p0 = f32[8,6]{1,0} parameter(0)
   %rows = f32[48,6]{1,0} parameter(1)
   %w = f32[6,16]{1,0} parameter(2)
-  %ynn_fusion.40 = f32[8,48]{1,0} fusion(%p0, %rows), kind=kCustom, calls=%f40, metadata={op_name="jit(train_step)/jvp(...d,vd->...v)/dot_general"}
-  %subtract_exponential_fusion = f32[8,48]{1,0} fusion(%ynn_fusion.40), kind=kLoop, calls=%fused_exp, metadata={op_name="jit(train_step)/jvp()/exp"}
-  %ynn_fusion.30 = f32[8,6]{1,0} fusion(%subtract_exponential_fusion, %rows), kind=kCustom, calls=%f30, metadata={op_name="jit(train_step)/transpose(jvp(...d,vd->...v))/dot_general"}
-  %ynn_fusion.43 = f32[8,16]{1,0} fusion(%p0, %w), kind=kCustom, calls=%f43, metadata={op_name="jit(train_step)/jvp(...a,ab->...b)/dot_general"}
-  %copy_bitcast_fusion.5 = f32[16,8]{1,0} fusion(%ynn_fusion.43), kind=kLoop, calls=%f5, metadata={op_name="jit(train_step)/transpose(jvp(jit(silu)))"}
-  %dot.38 = f32[6,16]{1,0} dot(%p0, %copy_bitcast_fusion.5), lhs_contracting_dims={0}, rhs_contracting_dims={1}
-  ROOT %tuple.2 = (f32[8,6]{1,0}, f32[6,16]{1,0}) tuple(%ynn_fusion.30, %dot.38)
+  %scores = f32[8,48]{1,0} fusion(%p0, %rows), kind=kCustom, metadata={op_name="fwd/dot_general"}
+  %softmax = f32[8,48]{1,0} fusion(%scores), kind=kLoop, metadata={op_name="exp"}
+  %back = f32[8,6]{1,0} fusion(%softmax, %rows), kind=kCustom, metadata={op_name="bwd/dot_general"}
+  %up = f32[8,16]{1,0} fusion(%p0, %w), kind=kCustom, metadata={op_name="up/dot_general"}
+  %silu_t = f32[16,8]{1,0} fusion(%up), kind=kLoop, metadata={op_name="silu"}
+  %dot.38 = f32[6,16]{1,0} dot(%p0, %silu_t), lhs_contracting_dims={0}, rhs_contracting_dims={1}
+  ROOT %tuple.2 = (f32[8,6]{1,0}, f32[6,16]{1,0}) tuple(%back, %dot.38)
 }
 """
 
 
 def test_groups_split_the_scoring_product_from_the_wide_passes_and_the_rest():
   got = up.groups(HLO, 48)
-  assert {k: got[k] for k in ("ynn_fusion.40", "ynn_fusion.30", "subtract_exponential_fusion",
-                              "ynn_fusion.43", "dot.38", "copy_bitcast_fusion.5")} == {
-      "ynn_fusion.40": up.SCORING, "ynn_fusion.30": up.SCORING,  # its operand is [8, 48]
-      "subtract_exponential_fusion": up.WIDE, "ynn_fusion.43": up.PRODUCTS,
-      "dot.38": up.PRODUCTS, "copy_bitcast_fusion.5": up.REST}
+  assert {k: got[k] for k in ("scores", "back", "softmax", "up", "dot.38", "silu_t")} == {
+      "scores": up.SCORING, "back": up.SCORING,  # back: its operand is [8, 48]
+      "softmax": up.WIDE, "up": up.PRODUCTS, "dot.38": up.PRODUCTS, "silu_t": up.REST}
   assert "tuple.2" not in got  # a tuple's type holds spaces: not an instruction that runs
 
 
@@ -43,9 +41,8 @@ def test_thunk_groups_sum_each_group_per_update_beside_the_wall():
   x = lambda name, ts, dur: {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 2}
   events = [x("ThunkExecutor::Execute", 0, 10_000), x("ThunkExecutor::Execute", 20_000, 6_000),
             x("ThunkExecutor::Execute", 21_000, 1_000),  # nested in the second: counted once
-            x("ynn_fusion.40", 0, 3_000), x("ynn_fusion.30", 20_000, 1_000),
-            x("subtract_exponential_fusion", 3_000, 2_000), x("dot.38", 5_000, 500),
-            x("copy_bitcast_fusion.5", 6_000, 250), x("while.3", 0, 9_000),  # holds others
+            x("scores", 0, 3_000), x("back", 20_000, 1_000), x("softmax", 3_000, 2_000),
+            x("dot.38", 5_000, 500), x("silu_t", 6_000, 250), x("while.3", 0, 9_000),  # a loop
             {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "x"}}]
   got = up.thunk_groups(events, up.groups(HLO, 48), updates=2)
   assert got == {"wall_ms": 8.0, "ms": {up.SCORING: 2.0, up.WIDE: 1.0, up.PRODUCTS: 0.25,
