@@ -91,10 +91,11 @@ class HeadsConfig(Checked):
       chance = teacher_law.acceptance(target, student, mask)  # [b, t] 1 - TV per position
       n = jnp.maximum(mask.sum(), 1)
       acc = chance.sum() / n
-      # the student's logit at the teacher's top is its largest: top-1 agreement, ties aside
-      at_top = jnp.take_along_axis(student, teacher_law.top(target, student.shape[-1])[..., None],
-                                   -1)[..., 0]
-      agree = (at_top >= jnp.max(student, -1)) * mask
+      # argmax(student) == the teacher's top, the argmax as the first id where the max sits (a
+      # min, not argmax's slower variadic reduce)
+      ids = jnp.arange(student.shape[-1])
+      first = jnp.min(jnp.where(student == jnp.max(student, -1, keepdims=True), ids, ids.size), -1)
+      agree = (first == teacher_law.top(target, ids.size)) * mask
       metrics |= {f"loss/depth{j}": loss, f"acceptance/depth{j}": acc,
                   f"top1/depth{j}": agree.sum() / n}
       accs.append(acc)
