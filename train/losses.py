@@ -139,17 +139,18 @@ def tvd(teacher_logp: jax.Array, student_logits: jax.Array, mask: jax.Array) -> 
   return _masked_mean(0.5 * jnp.sum(jnp.abs(p - q), axis=-1), w, valid)
 
 
-def expected_acceptance(teacher_logp: jax.Array, student_logits: jax.Array) -> jax.Array:
-  """sum min(p, q) per position [..., v] -> [...]: the chance a sampled draft is kept (for
-  sanitized inputs; `token_acceptance` is its masked mean that tolerates garbage)."""
-  return jnp.minimum(jnp.exp(teacher_logp), jax.nn.softmax(student_logits, -1)).sum(-1)
+def acceptance(teacher_logp: jax.Array, student_logits: jax.Array, mask: jax.Array) -> jax.Array:
+  """The chance a sampled draft is kept, sum min(p, q) = 1 - TV, per position [b, t] (masked
+  positions: 0)."""
+  p, _, q, _, _, _, valid = _prepare(teacher_logp, student_logits, mask)
+  return jnp.where(valid, jnp.sum(jnp.minimum(p, q), axis=-1), 0.0)
 
 
 def token_acceptance(teacher_logp: jax.Array, student_logits: jax.Array,
                      mask: jax.Array) -> jax.Array:
-  """Expected acceptance of one drafted token, sum min(p, q) = 1 - TV (a metric, not a loss)."""
-  p, _, q, _, _, w, valid = _prepare(teacher_logp, student_logits, mask)
-  return _masked_mean(jnp.sum(jnp.minimum(p, q), axis=-1), w, valid)
+  """Expected acceptance of one drafted token, `acceptance`'s mean (a metric, not a loss)."""
+  w, valid = _weights(mask, student_logits.shape[:-1])
+  return _masked_mean(acceptance(teacher_logp, student_logits, mask), w, valid)
 
 
 def check_kl_weight(kl_weight: float) -> None:

@@ -175,15 +175,12 @@ def get_divergence(name: str, **options) -> Callable[..., jax.Array]:
 
 def acceptance(teacher: jax.Array | TopK, student_logits: jax.Array,
                mask: jax.Array) -> jax.Array:
-  """The chance a sampled draft is kept, sum min(p, q), per position [b, t] (masked positions:
-  0); teacher dense log-probs [b, t, n] or a TopK."""
-  if isinstance(teacher, TopK):
-    law, z, lse, _, valid = _prepare(teacher, student_logits, mask)
-    per_pos = _acceptance(law, z, lse)
-  else:
-    p, _, q, _, _, _, valid = losses._prepare(teacher, student_logits, mask)
-    per_pos = jnp.sum(jnp.minimum(p, q), axis=-1)
-  return jnp.where(valid, per_pos, 0.0)
+  """losses.acceptance (sum min(p, q) per position [b, t], masked positions 0) of dense teacher
+  log-probs [b, t, n] or of a TopK, read as it is."""
+  if not isinstance(teacher, TopK):
+    return losses.acceptance(teacher, student_logits, mask)
+  law, z, lse, _, valid = _prepare(teacher, student_logits, mask)
+  return jnp.where(valid, _acceptance(law, z, lse), 0.0)
 
 
 def token_acceptance(teacher: jax.Array | TopK, student_logits: jax.Array,
