@@ -63,6 +63,17 @@ def test_teacher_law_reads_exact_logits_where_a_batch_holds_them():
                              _from_topk(cached["ids"], cached["logprobs"], V)[..., kept], atol=1e-6)
 
 
+def test_topk_teacher_on_kept_ids_is_the_dense_law_there():
+  rng = np.random.default_rng(0)
+  logp = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(2, 3, 50)) * 3, jnp.float32))
+  values, ids = jax.lax.top_k(logp, 8)
+  dense = teacher_law.teacher_logprobs_from_topk(ids, values, 50)  # [2, 3, 50]
+  np.testing.assert_allclose(jnp.exp(dense).sum(-1), 1, rtol=1e-5)
+  kept = jnp.asarray(np.sort(rng.permutation(50)[:20]))
+  np.testing.assert_allclose(teacher_law.teacher_logprobs_from_topk(ids, values, 50, kept),
+                             dense[..., kept], rtol=1e-5, atol=1e-6)
+
+
 # Every divergence, the top-k forms (fkl, lk) and those spread out first, with their gradients.
 FORMS = (("fkl", {}), ("lk", {}), ("lk", {"kl_weight": 0.5}), ("tvd", {}), ("jsd", {"beta": 0.3}),
          ("fkl", {"teacher_temperature": 0.5}))
