@@ -121,8 +121,17 @@ def draw(key: jax.Array, p: jax.Array, n: int | None = None) -> jax.Array:
 
 def top_probability(logits: jax.Array, q: jax.Array | None = None) -> jax.Array:
   """[...] the largest probability of a draft's law: q's [..., v] where it was sampled, the
-  softmax of logits [..., v] where it was deterministic (Kangaroo's early-exit confidence)."""
-  return jnp.max(jax.nn.softmax(logits, -1) if q is None else q, -1)
+  softmax of logits [..., v] where it was deterministic (Kangaroo's early-exit confidence).
+
+  The softmax's largest entry is 1 / sum(exp(logits - max)), with no [..., v] probabilities
+  written. The max is shifted where it is not finite, as logsumexp does; beside keeping an
+  all -inf row NaN as the softmax has it, that select keeps XLA's CPU reduction from writing the
+  max out broadcast over [..., v] (30 ms of a 0.49 s EAGLE update)."""
+  if q is not None:
+    return jnp.max(q, -1)
+  top = jnp.max(logits, -1, keepdims=True)  # [..., 1]
+  shift = jnp.where(jnp.isfinite(top), top, 0.0)
+  return (jnp.exp(top - shift) / jnp.sum(jnp.exp(logits - shift), -1, keepdims=True))[..., 0]
 
 
 def candidates(key: jax.Array, logits: jax.Array, cfg: SamplingConfig,

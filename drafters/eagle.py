@@ -472,7 +472,7 @@ def _accept_logit(params, a, logits):
   while the confidence alone said 0.25 (correlation 0.43). The head's loss does not reach the
   drafter's logits (stop_gradient): it learns to judge the drafts, not to change them.
   """
-  conf = jnp.max(jax.nn.softmax(jax.lax.stop_gradient(logits).astype(jnp.float32), -1), -1)
+  conf = top_probability(jax.lax.stop_gradient(logits).astype(jnp.float32))
   prior = jax.scipy.special.logit(jnp.clip(conf, 1e-6, 1 - 1e-6))  # finite at conf 1
   return prior + a @ params["accept"]["w"] + params["accept"]["b"]
 

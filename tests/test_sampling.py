@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.core.sampling import SamplingConfig, argmax, draw, probs, sample
+from speculax.core.sampling import SamplingConfig, argmax, draw, probs, sample, top_probability
 
 LOGITS = np.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0], np.float32)
 
@@ -33,6 +33,16 @@ def test_argmax_is_numpys_first_maximum(dtype):
   np.testing.assert_array_equal(got, want)
   assert (got[0, 0], got[1, 1], got[2, 2]) == (0, 7, 299)
   np.testing.assert_array_equal(jax.jit(argmax)(jnp.asarray(x, dtype)), want)
+
+
+def test_top_probability_is_the_softmaxs_largest_entry():
+  rng = np.random.default_rng(0)
+  x = (rng.normal(size=(3, 5, 200)) * np.array([0.1, 5.0, 40.0])[:, None, None]).astype(np.float32)
+  x[0, 0, ::2] = -np.inf  # a trimmed law: half the ids impossible
+  want = np.array([[_softmax(row).max() for row in rows] for rows in x.astype(np.float64)])
+  np.testing.assert_allclose(top_probability(jnp.asarray(x)), want, rtol=2e-6)
+  q = jnp.asarray(rng.dirichlet(np.ones(7), size=4), jnp.float32)  # a sampled draft's law
+  np.testing.assert_array_equal(top_probability(x[0, :4, :7], q), np.asarray(q).max(-1))
 
 
 def test_top_k_keeps_k_largest():
