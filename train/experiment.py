@@ -260,9 +260,16 @@ def run(exp: DistillExperiment, *, until: int | None = None,
       p.model, p.student, p.train_rows, p.held_rows, p.teacher, p.held, p.state, p.frozen)
   folder = exp.folder
   exact = exp.data.heldout_teacher == "exact"
-  evaluate = lambda st: heldout_metrics(
-      st.params, s.config, exp.distill, held, frozen, mesh=exp.mesh, mask=held_rows.mask,
-      teacher=functools.partial(teacher_logits, model.params, model.config) if exact else None)
+  evaluated = {}  # step -> held-out metrics: the last in-loop evaluation is also `after`'s
+
+  def evaluate(st):
+    step = int(st.step)
+    if step not in evaluated:
+      evaluated[step] = heldout_metrics(
+          st.params, s.config, exp.distill, held, frozen, mesh=exp.mesh, mask=held_rows.mask,
+          teacher=functools.partial(teacher_logits, model.params, model.config) if exact else None)
+    return evaluated[step]
+
   before = evaluate(state)
   with Checkpointer(folder / "checkpoints", every=exp.checkpoint_every, keep=exp.keep) as ck:
     if ck.latest_step() is not None:
@@ -274,7 +281,7 @@ def run(exp: DistillExperiment, *, until: int | None = None,
                 mask=train_rows.mask, frozen=frozen, target=target, checkpointer=ck, log=log,
                 evaluate=lambda st: {f"heldout/{k}": v for k, v in evaluate(st).items()},
                 eval_every=exp.eval_every, log_every=exp.log_every, mesh=exp.mesh, until=until)
-  after = before if int(state.step) == 0 else evaluate(state)  # until=0: nothing moved
+  after = evaluate(state)
   saved = int(state.step) >= exp.distill.steps  # a finished run's drafter only
   if saved:
     drafter = exp.distill.drafter if heads else DraftModel(s.config)
