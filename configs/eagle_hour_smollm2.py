@@ -4,7 +4,9 @@ with warmup and cosine, 8 rows an update) on eagle-chat4's 4400 rows (the recipe
 target's answers to 2394 everyday chat prompts, a fifth stdlib code) and its teacher cache
 (runs/drafters/teacher-chat4), where the recipe's EAGLE read 1400 rows for 40 minutes. What one
 stage buys when its data is the lineage's last; held out: the recipe's rows. Output in
-runs/eagle-hour-smollm2."""
+runs/eagle-hour-smollm2. The hour's 1000 updates of 8 rows are a CPU without AVX-512's; on an
+Intel Xeon with AVX-512, `train_drafters --drafters eagle_hour --steps 6600 --batch 4` fills it
+(3443 s, held-out 1 - TV 0.604 at depth 1)."""
 import dataclasses
 
 from speculax.configs.eagle_chat4_smollm2 import EXPERIMENT as EAGLE_CHAT4

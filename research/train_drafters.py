@@ -20,10 +20,10 @@ fresh clone), or to the folder name --ship gives.
   # the shipped EAGLE + TTT trained on: 600 more updates on twice the answers
   .venv/bin/python -m speculax.research.train_drafters --drafters eagle_ttt --prompts 2400 \
       --rows 2800 --init-from results/drafters/eagle-ttt-smollm2 --steps 600 --tag more2800
-  # EAGLE from scratch in an hour of an Intel Xeon with AVX-512 (3804 s; 1000 updates of 8 rows
-  # fill the hour without AVX-512):
-  .venv/bin/python -m speculax.research.train_drafters --drafters eagle_hour --steps 6000 \
-      --batch 4 --tag fast
+  # EAGLE from scratch in an hour of an Intel Xeon with AVX-512 (3443 s, held-out 0.604; 1000
+  # updates of 8 rows fill the hour without AVX-512):
+  .venv/bin/python -m speculax.research.train_drafters --drafters eagle_hour --steps 6600 \
+      --batch 4 --tag u6600
   # EAGLE's draft layer started as the target's last layer instead of the identity:
   .venv/bin/python -m speculax.research.train_drafters --drafters eagle --steps 100 \
       --init-from target --tag target100
