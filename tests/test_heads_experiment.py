@@ -19,7 +19,7 @@ from speculax.models import llama
 from speculax.models.config import get_preset
 from speculax.models.load import LoadedModel
 from speculax.models.sharding import MeshConfig
-from speculax.train import teacher_cache
+from speculax.train import experiment, teacher_cache
 from speculax.train.distill import DistillConfig
 from speculax.train.corpus import token_rows
 from speculax.train.experiment import DataConfig, DistillExperiment, run
@@ -83,6 +83,18 @@ def test_heads_run_evaluates_every_depth_and_resumes_exactly(model, trained, tmp
   resumed = run(interrupted, model=model)
   assert resumed["steps"] == 6
   jax.tree.map(np.testing.assert_array_equal, resumed["state"].params, straight["state"].params)
+
+
+def test_a_run_evaluates_each_step_once(model, tmp_path, monkeypatch):
+  calls = []
+  evaluate = experiment.heldout_metrics
+  monkeypatch.setattr(experiment, "heldout_metrics",
+                      lambda *a, **k: calls.append(1) or evaluate(*a, **k))
+  result = run(_exp(tmp_path, "medusa", HEADS), model=model)
+  rows = MetricsLog(tmp_path / "medusa" / "metrics.csv").read()
+  assert len(calls) == 3  # before, and at steps 3 and 6 (eval_every 3), whose 6 is `after`
+  assert result["heldout_after"] == pytest.approx(
+      {k.removeprefix("heldout/"): v for k, v in rows[-1].items() if k.startswith("heldout/")})
 
 
 def test_saved_heads_load_and_decode_like_the_target(tiny, tiny_reference, trained):
