@@ -16,7 +16,7 @@ from speculax.drafters.medusa import Medusa
 from speculax.drafters.prompt_lookup import PromptLookup
 from speculax.models import llama
 from speculax.train.distill import eval_metrics, init_state, train_step
-from speculax.train import losses, teacher_law
+from speculax.train import teacher_law
 from speculax.train.heads import HeadsConfig
 from speculax.train.optim import OptimConfig
 
@@ -128,9 +128,9 @@ def test_trimmed_training_scores_the_serving_law(tiny, drafter):
                                                    cfg.vocab_size)
   t = tokens.shape[1]
   for j in range(1, full.shape[2] + 1):
-    want = losses.token_acceptance(teacher[:, j:], served[:, :t - j, j - 1], jnp.ones((4, t - j)))
-    untrimmed = losses.token_acceptance(teacher[:, j:], full[:, :t - j, j - 1],
-                                        jnp.ones((4, t - j)))
+    ones = jnp.ones((4, t - j))
+    want = teacher_law.token_acceptance(teacher[:, j:], served[:, :t - j, j - 1], ones)
+    untrimmed = teacher_law.token_acceptance(teacher[:, j:], full[:, :t - j, j - 1], ones)
     np.testing.assert_allclose(got[f"acceptance/depth{j}"], want, rtol=1e-5)
     agree = np.argmax(full[:, :t - j, j - 1][..., kept], -1) == np.argmax(
         teacher[:, j:][..., kept], -1)  # both on the kept ids

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculax.train import losses
+from speculax.train import losses, teacher_law
 
 B, T, V = 2, 2, 5
 KEY = jax.random.key(0, impl="rbg")
@@ -32,7 +32,7 @@ def _evaluate(teacher_logp, student_logits, mask, targets, key, beta):
     return out
 
   values = all_losses(student_logits)
-  values["acceptance"] = losses.token_acceptance(teacher_logp, student_logits, mask)
+  values["acceptance"] = teacher_law.token_acceptance(teacher_logp, student_logits, mask)
   return values, jax.jacrev(all_losses)(student_logits)
 
 

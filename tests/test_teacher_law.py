@@ -93,7 +93,7 @@ def _both_ways(law, student, mask):
   out["acceptance"] = (teacher_law.acceptance(law, student, mask),
                        teacher_law.acceptance(spread, student, mask))
   out["token_acceptance"] = (teacher_law.token_acceptance(law, student, mask),
-                             losses.token_acceptance(spread, student, mask))
+                             teacher_law.token_acceptance(spread, student, mask))
   out["top"] = (teacher_law.top(law, student.shape[-1]), jnp.argmax(spread, -1))
   return out
 

@@ -146,13 +146,6 @@ def acceptance(teacher_logp: jax.Array, student_logits: jax.Array, mask: jax.Arr
   return jnp.where(valid, jnp.sum(jnp.minimum(p, q), axis=-1), 0.0)
 
 
-def token_acceptance(teacher_logp: jax.Array, student_logits: jax.Array,
-                     mask: jax.Array) -> jax.Array:
-  """Expected acceptance of one drafted token, `acceptance`'s mean (a metric, not a loss)."""
-  w, valid = _weights(mask, student_logits.shape[:-1])
-  return _masked_mean(acceptance(teacher_logp, student_logits, mask), w, valid)
-
-
 def check_kl_weight(kl_weight: float) -> None:
   """lk's kl_weight must be >= 0."""
   if kl_weight < 0:

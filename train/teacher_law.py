@@ -185,7 +185,8 @@ def acceptance(teacher: jax.Array | TopK, student_logits: jax.Array,
 
 def token_acceptance(teacher: jax.Array | TopK, student_logits: jax.Array,
                      mask: jax.Array) -> jax.Array:
-  """The mean acceptance 1 - TV over the valid positions (a metric, not a loss)."""
+  """Expected acceptance of one drafted token: `acceptance`'s mean over the valid positions (a
+  metric, not a loss), of dense teacher log-probs [b, t, n] or of a TopK."""
   w, valid = losses._weights(mask, student_logits.shape[:-1])
   return losses._masked_mean(acceptance(teacher, student_logits, mask), w, valid)
 
