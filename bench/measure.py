@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculax.core.sampling import argmax
+from speculax.decode.calibrate import Calibration
 from speculax.decode.config import SpecConfig
 from speculax.decode.generate import generate
 from speculax.decode.metrics import decode_rate
@@ -107,14 +108,15 @@ class Run:
 
 
 def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int = 1,
-                hot: bool = False, step_costs=None, pearl_form: str | None = None,
-                continuous: bool = False) -> Run:
+                hot: bool = False, calibration: Calibration | None = None,
+                pearl_form: str | None = None, continuous: bool = False) -> Run:
   """One method over the prompts decoded `batch` at a time (drafter None = autoregressive).
   Every batch compiles apart first (warmup; a no-op when its shapes were compiled already):
   batches in another prompt-length bucket recompile.
 
   hot: each batch starts from the drafter state the previous one ended with (as params).
-  step_costs: goodput-driven runs' step costs (decode/calibrate.py).
+  calibration: goodput-driven runs' step costs and the estimate every call starts from
+  (decode/calibrate.py).
   pearl_form: PEARL's form (decode/pearl.FORMS) instead of draft-then-verify.
   continuous: one stream of every prompt, `batch` rows at a time, a finished row refilled with
   the next prompt (decode/continuous.py), instead of batches of `batch` prompts.
@@ -123,6 +125,7 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
     raise ValueError(f"PEARL ({pearl_form}) decodes fixed batches; continuous batching is for "
                      "autoregressive and draft-then-verify decoding")
   rows = batch if continuous else None
+  step_costs, estimate = calibration or (None, None)
   starts = [0] if continuous else range(0, len(prompts) - batch + 1, batch)
   wall = n_tokens = row_steps = step_tokens = compile_s = accepted = drafted = steps = decode = 0
   tokens, k_steps, k_changes = [], None, None
@@ -135,7 +138,7 @@ def run_prompts(model, prompts, drafter, dparams, spec: SpecConfig, batch: int =
                             draft_device(pearl_form), warmup=True) if pearl_form else
              speculative_generate(model.params, model.config, chunk, drafter, spec,
                                   drafter_params=dparams, key=key, warmup=True,
-                                  step_costs=step_costs, rows=rows))
+                                  step_costs=step_costs, estimate=estimate, rows=rows))
       if hot:
         dparams = out.drafter_state
       row_steps, step_tokens = row_steps + out.row_steps, step_tokens + out.step_tokens

@@ -73,7 +73,7 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
     # batch b > 1 fixed: whole batches of b, at least one (prompts=3 at b=8: the first 8)
     chunk = (ids[:cfg.prompts] if batch == 1 or cfg.continuous
              else ids[:max(cfg.prompts // batch, 1) * batch])
-    panel, reference, costs, step_s = [], None, {}, {}  # costs, step seconds: per method
+    panel, reference, costs, step_s = [], None, {}, {}  # calibrations, step seconds: per method
     for rnd, (i, m) in itertools.product(range(cfg.repeats), enumerate(order)):
       drafter, dparams = built.get(m.name, (None, None))
       spec = SpecConfig(k=m.k, max_new_tokens=cfg.new_tokens,
@@ -84,7 +84,7 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
         costs[i] = None if m.policy is None else calibrate(
             model.params, model.config, chunk[:batch], drafter, spec, dparams)
       r = run_prompts(model, chunk, drafter, dparams, spec, batch, hot=m.hot,
-                      step_costs=costs[i], pearl_form=m.pearl,
+                      calibration=costs[i], pearl_form=m.pearl,
                       continuous=cfg.continuous and batch > 1)
       step_s.setdefault(i, []).append(r.decode_s / max(r.steps, 1))
       if rnd == 0:
@@ -95,7 +95,8 @@ def run(cfg: BenchConfig, name: str = "bench", model=None, out: str | pathlib.Pa
             sampling=sampling_name(temperature), tau=r.tau, acceptance=r.acceptance,
             drafts_per_step=r.drafts_per_step, rows_active=r.rows_active, k_steps=r.k_steps,
             k_changes=r.k_changes, pearl=m.pearl,
-            step_costs=None if costs[i] is None else costs[i].tolist(), tokens_per_s_rounds=[],
+            step_costs=None if costs[i] is None else costs[i].step_costs.tolist(),
+            tokens_per_s_rounds=[],
             decode_tokens_per_s_rounds=[],
             compile_s=r.compile_s, drafter_mb=params_mb(dparams),
             peak_memory_mb=_peak_memory_mb(), sequences=len(r.tokens),

@@ -183,15 +183,15 @@ def run(args) -> int:
       out = pearl_generate(model.params, model.config, prompts, drafter, spec, dparams, key,
                            draft_device(args.pearl), warmup=True)
     else:
-      costs = None
+      costs = estimate = None
       if args.goodput:
-        costs = calibrate(model.params, model.config, prompts[:args.rows], drafter, spec, dparams,
-                          key=key, mesh=mesh)
+        costs, estimate = calibrate(model.params, model.config, prompts[:args.rows], drafter,
+                                    spec, dparams, key=key, mesh=mesh)
         print("goodput: seconds per step drafting k = 0..{}: {}".format(
             args.k, " ".join(f"{s:.4f}" for s in costs)), file=sys.stderr)
       out = speculative_generate(model.params, model.config, prompts, drafter, spec,
                                  drafter_params=dparams, key=key, mesh=mesh, warmup=True,
-                                 step_costs=costs, rows=args.rows)
+                                 step_costs=costs, estimate=estimate, rows=args.rows)
   texts = [tok.decode(ids) for ids in out.tokens]
   ar = autoregressive() if args.compare else None
   # Greedy, a lossless drafter's output is AR's token for token; sampled, the same law but

@@ -182,12 +182,13 @@ def run(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Prog
 
 def step_seconds(params, config: LlamaConfig, prompts, gen: GenerateConfig, program: Program,
                  key: jax.Array | None, mesh: MeshConfig | None, new_tokens: int,
-                 repeats: int) -> np.ndarray:
+                 repeats: int) -> tuple[np.ndarray, Any]:
   """[repeats, n] seconds of one loop step over `new_tokens` new tokens from each of the n
   states program.warm_states gives (goodput's: one per draft length, that length forced),
-  rounds of them in turn, after a warm-up. Every run starts from a copy of one timed-apart
-  prefill: timing a step needs no prefill of its own (a goodput calibration at batch 8 on a
-  2-core CPU took 108 s with a prefill per run, 49-51 s from one)."""
+  rounds of them in turn, after a warm-up, and the loop state the last run ended with (goodput's:
+  the longest length's). Every run starts from a copy of one timed-apart prefill: timing a step
+  needs no prefill of its own (a goodput calibration at batch 8 on a 2-core CPU took 108 s with
+  a prefill per run, 49-51 s from one)."""
   params, cache, begin, budget, context = _placed(params, config, prompts, gen, program, key,
                                                   mesh, new_tokens)
   watch = np.zeros((len(prompts),), bool)
@@ -203,4 +204,4 @@ def step_seconds(params, config: LlamaConfig, prompts, gen: GenerateConfig, prog
         t = time.perf_counter()
         run = jax.block_until_ready(program.loop(params, run, watch))
         times[-1].append((time.perf_counter() - t) / max(int(run.forwards) - 1, 1))
-  return np.array(times)
+  return np.array(times), run

@@ -112,6 +112,11 @@ class Goodput(Checked):
   # step's CUDA graph); a drafting step copies the cache once (speculative.REGION_ANALYSIS: level
   # with the chain at batch 8 on a 2-core CPU). Not yet timed on a GPU.
   loop: Literal["chain", "switch"] = "chain"
+  # What a call calibrated on its prompts starts from: "calibration", the acceptance counts of
+  # calibration's longest drafting run on them (decode/calibrate.py), or "prior" (every position
+  # at its prior: the first step drafts the longest length on the optimistic prior_acceptance,
+  # ~2% of a 48-token call at batch 8 for a drafter that does not pay there).
+  start: Literal["calibration", "prior"] = "calibration"
 
   def __post_init__(self):
     super().__post_init__()

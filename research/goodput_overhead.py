@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> None:
                for n, m in result["median_ms"].items()]))
   if args.calibrations > 0:
     spec = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=(), goodput=Goodput())
-    costs = [calibrate(model.params, model.config, batches[0], drafter, spec, dparams).tolist()
+    costs = [calibrate(model.params, model.config, batches[0], drafter, spec,
+                       dparams).step_costs.tolist()
              for _ in range(args.calibrations)]
     forced = [result["median_ms"][f"goodput forced k'={k}"] for k in (0, 1)]
     result.update(calibrated_ms=[[1e3 * c for c in row] for row in costs],

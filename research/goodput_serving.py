@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
                           if args.answer_bins else ())
   spec = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=model.tokenizer.eos_ids,
                     goodput=policy)
-  costs = calibrate(model.params, model.config, stream[:args.batch], drafter, spec, dparams)
+  costs = calibrate(model.params, model.config, stream[:args.batch], drafter, spec,
+                    dparams).step_costs  # runs start from the prior or a carried estimate
   runs = stream_runs(model, stream, drafter, dparams, args.k, args.batch, args.new_tokens, costs,
                      policies, args.continuous)
   rate, k_steps = {name: [] for name in runs}, {}

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
   base = SpecConfig(k=args.k, max_new_tokens=args.new_tokens, eos_ids=())
   policies = {"goodput, per match length": Goodput(), "goodput, pooled": Goodput(signal=False)}
   costs = calibrate(model.params, model.config, batches[0], drafter,
-                    dataclasses.replace(base, goodput=Goodput()))
+                    dataclasses.replace(base, goodput=Goodput())).step_costs  # both from the prior
   spec = lambda **kw: dataclasses.replace(base, **kw)
   runs = {"autoregressive": lambda p: generate(model.params, model.config, p, base, warmup=True)}
   for k in range(1, args.k + 1):

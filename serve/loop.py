@@ -82,9 +82,10 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
   learner: adapt the drafter online (its params replace drafter_params); the drafter must be
   the draft model whose params the learner trains.
   step_costs: with spec.goodput, [k + 1] seconds of a step drafting 0..k for every batch
-  (decode/calibrate.py); None: calibrated on the first batch of each size.
+  (decode/calibrate.py); None: calibrated on the first batch of each size, and each batch of
+  that size starts from the acceptance its calibration saw (Goodput.start).
   carry_estimate: with spec.goodput, each batch starts from the acceptance estimate the last
-  one ended with (False: from the prior, as a lone call does).
+  one ended with (False: from calibration's, or the prior where step_costs were given).
   continuous: refill each finished row with the next request (continuous batching). The stream
   is read whole first (its longest prompt sizes the cache); a report covers each `batch_size`
   requests in the order they finished (the refused ones in the first), its tau and acceptance
@@ -135,9 +136,11 @@ def serve(params, config, requests: Iterable[Sequence[int]], drafter, spec: Spec
     if spec.goodput is not None and step_costs is None and len(prompts) not in calibrated:
       calibrated[len(prompts)] = calibrate(params, config, prompts, drafter, spec, dparams,
                                            key=sub)
-    out = speculative_generate(params, config, prompts, drafter, spec, drafter_params=dparams,
-                               key=sub, warmup=shape not in compiled, estimate=estimate,
-                               step_costs=calibrated.get(len(prompts), step_costs))
+    cal = calibrated.get(len(prompts))  # None: the costs given, no estimate beside them
+    out = speculative_generate(
+        params, config, prompts, drafter, spec, drafter_params=dparams, key=sub,
+        warmup=shape not in compiled, step_costs=step_costs if cal is None else cal.step_costs,
+        estimate=estimate if estimate is not None or cal is None else cal.estimate)
     compiled.add(shape)
     estimate = out.goodput_estimate if carry_estimate else None
     if hot:
@@ -191,9 +194,12 @@ def _continuous(params, config, requests, drafter, spec: SpecConfig, drafter_par
   prompts = [p for _, p in accepted]
   dparams = drafter_params if learner is None else learner.params
   key, sub = jax.random.split(key)
+  estimate = None
   if spec.goodput is not None and step_costs is None:
-    step_costs = calibrate(params, config, prompts[:batch_size], drafter, spec, dparams, key=sub)
-  program = lambda dparams: spec_program(params, config, drafter, spec, dparams, step_costs)
+    step_costs, estimate = calibrate(params, config, prompts[:batch_size], drafter, spec, dparams,
+                                     key=sub)
+  program = lambda dparams: spec_program(params, config, drafter, spec, dparams, step_costs,
+                                         estimate)
   stream = continuous.Stream(params, config, prompts, spec, program(dparams), batch_size, key,
                              warmup=True)
   no_steps = None if spec.goodput is None else np.zeros(spec.k + 1, np.int64)

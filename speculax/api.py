@@ -87,8 +87,9 @@ def speculate(model: LoadedModel, prompts: Prompts,
   drafter without params, or a registry name built with its defaults ("prompt-lookup").
   warmup: as for `generate`. goodput: k is the most a step drafts, and each step drafts the
   0..k with the most expected tokens per second (SmartSpec), from step costs timed first on
-  these prompts (True), or given: the k + 1 seconds of a step drafting 0..k that an earlier
-  run measured (out.step_costs, for the same batch size and drafter), which skips the timing.
+  these prompts (True; the call starts from the acceptance the timing's drafts saw), or given:
+  the k + 1 seconds of a step drafting 0..k that an earlier run measured (out.step_costs, for
+  the same batch size and drafter), which skips the timing.
   out.k_steps counts the choices; chains only. lossy: LOSSY, a rule that keeps drafts the
   lossless rule may reject: Medusa's typical acceptance (speculax.verifiers.typical.Typical, at
   t > 0) or a judge head (speculax.verifiers.judge.Judge.load(path), greedy too): faster, not
@@ -114,12 +115,13 @@ def speculate(model: LoadedModel, prompts: Prompts,
     out = pearl_generate(model.params, model.config, ids, drafter.drafter, spec, drafter.params,
                          jax.random.key(seed), draft_device(pearl), warmup)
     return _with_texts(model, out)
+  estimate = None
   if goodput is True:
-    costs = calibrate(model.params, model.config, ids[:rows], drafter.drafter, spec,
-                      drafter.params, key=jax.random.key(seed), mesh=mesh)
+    costs, estimate = calibrate(model.params, model.config, ids[:rows], drafter.drafter, spec,
+                                drafter.params, key=jax.random.key(seed), mesh=mesh)
   out = speculative_generate(model.params, model.config, ids, drafter.drafter, spec,
                              drafter.params, jax.random.key(seed), mesh, warmup,
-                             step_costs=costs, rows=rows)
+                             step_costs=costs, estimate=estimate, rows=rows)
   return _with_texts(model, out)
 
 

@@ -65,12 +65,13 @@ def calibrations(monkeypatch):
   returned holds each calibration's batch size."""
   import numpy as np
   import test_goodput_policy
+  from speculax.decode.calibrate import Calibration
   from speculax.serve import loop
   sizes = []
 
   def calibrated(params, config, prompts, *args, **kwargs):
     sizes.append(len(prompts))
-    return np.asarray(test_goodput_policy.COSTS, np.float32)
+    return Calibration(np.asarray(test_goodput_policy.COSTS, np.float32), None)
 
   monkeypatch.setattr(loop, "calibrate", calibrated)
   return sizes

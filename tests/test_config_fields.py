@@ -78,7 +78,7 @@ BAD = {
               "signal": BOOL,
               "margin": numbers(-1e-9), "answer_bins": ([16], (0,), (16, 8), (8, 8), (2.5,)),
               "lead": ("0.5", -1e-9, NAN, -INF, INF),  # None: every row alike
-              "loop": (1, "", "switches", None)},
+              "loop": (1, "", "switches", None), "start": (True, "", "calibrated", None)},
     StaticTree: {"choices": ("0,1", ((-1,),), (), ((0,), (0, 2.5)))},
     DynamicTree: {"width": ints(1), "depth": ints(1), "children": ints(1)},
     PromptLookup: {"max_ngram": ints(1), "min_ngram": ints(1) + (4,)},  # 4 > max_ngram 3

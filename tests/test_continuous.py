@@ -59,9 +59,9 @@ def test_speculative_rows_equal_each_prompt_alone(tiny, tiny_reference, eos, nam
 def test_goodput_rows_equal_each_prompt_alone(tiny, tiny_reference):
   cfg, params = tiny
   spec = SpecConfig(k=3, max_new_tokens=NEW, goodput=Goodput())
-  costs = calibrate(params, cfg, PROMPTS[:3], PromptLookup(), spec)
+  costs, estimate = calibrate(params, cfg, PROMPTS[:3], PromptLookup(), spec)
   out = speculative_generate(params, cfg, PROMPTS, PromptLookup(), spec, step_costs=costs,
-                             rows=3, warmup=True)
+                             estimate=estimate, rows=3, warmup=True)
   assert out.tokens == tiny_reference and out.k_steps.sum() == out.forwards - 1
 
 

@@ -436,8 +436,8 @@ def test_calibrate_times_every_length_in_the_serving_loop(tiny):
   cfg, params = tiny
   other = llama.init_params(cfg, jax.random.key(7))
   spec = SpecConfig(k=2, max_new_tokens=8, goodput=Goodput(decay=0.8))
-  costs = calibrate(params, cfg, PROMPTS[:2], DraftModel(cfg), spec, other, new_tokens=4,
-                    repeats=2)
+  costs, _ = calibrate(params, cfg, PROMPTS[:2], DraftModel(cfg), spec, other, new_tokens=4,
+                       repeats=2)
   assert costs.shape == (3,) and (costs > 0).all() and np.isfinite(costs).all()
   assert list(costs) == sorted(costs)  # a longer draft is never timed cheaper
   # calibration compiled the loop that serves: decoding with its costs compiles nothing new
@@ -460,10 +460,10 @@ def test_calibration_times_every_length_from_one_prefill(tiny, monkeypatch):
   budgets, real = [], engine.start
   monkeypatch.setattr(engine, "start", lambda *a: budgets.append(int(a[-1])) or real(*a))
   spec = SpecConfig(k=3, max_new_tokens=8, goodput=Goodput())
-  costs = calibrate(params, cfg, PROMPTS[:2], PromptLookup(), spec, new_tokens=5, repeats=3)
+  costs, _ = calibrate(params, cfg, PROMPTS[:2], PromptLookup(), spec, new_tokens=5, repeats=3)
   assert costs.shape == (4,) and np.isfinite(costs).all() and budgets == [2, 5]
   fixed = SpecConfig(k=2, max_new_tokens=8)
-  times = engine.step_seconds(params, cfg, PROMPTS[:2], fixed,
+  times, _ = engine.step_seconds(params, cfg, PROMPTS[:2], fixed,
                               speculative.spec_program(params, cfg, PromptLookup(), fixed),
                               None, None, 4, repeats=2)
   assert times.shape == (2, 1) and (times > 0).all() and budgets == [2, 5, 2, 4]
@@ -501,6 +501,30 @@ def test_a_carried_estimate_starts_where_the_last_call_ended(tiny, tiny_referenc
   assert carried.tokens == [list(t) for t in tiny_reference[:2]]
   assert carried.k_steps[2:].sum() == 0 and carried.k_steps[0] > fresh.k_steps[0], (
       fresh.k_steps, carried.k_steps)
+
+
+def test_a_calibrated_call_starts_from_what_calibration_saw(tiny, tiny_reference):
+  """Calibration's longest run (k = 3, forced) checks every draft of a drafter never kept: its
+  counts hold no kept draft and as many first positions checked as that run's row-steps, and
+  a call started from them (under fixed costs) drafts nothing but its one-draft probes where
+  one from the prior tries k = 3 first. Goodput(start="prior") returns no estimate. Output
+  stays the target's."""
+  cfg, params = tiny
+  spec = SpecConfig(k=3, max_new_tokens=NEW, goodput=Goodput(decay=1 - 1e-6))
+  _, (kept, reached) = calibrate(params, cfg, PROMPTS[:2], Contrary(), spec, new_tokens=6,
+                                 repeats=1)
+  # never kept: each step checks position 1 only, one token a row, 5 steps after the prefill's
+  np.testing.assert_allclose(reached, [[10, 0, 0]], rtol=1e-4)
+  assert kept.sum() == 0
+  run = lambda estimate: speculative_generate(params, cfg, PROMPTS[:2], Contrary(), spec,
+                                              step_costs=COSTS, estimate=estimate)
+  fresh, started = run(None), run((kept, reached))
+  assert fresh.k_steps[3] >= 1 and started.k_steps[2:].sum() == 0, (fresh.k_steps,
+                                                                    started.k_steps)
+  assert started.tokens == [list(t) for t in tiny_reference[:2]]
+  prior = dataclasses.replace(spec, goodput=Goodput(start="prior"))
+  assert calibrate(params, cfg, PROMPTS[:2], Contrary(), prior, new_tokens=6,
+                   repeats=1).estimate is None
 
 
 @dataclasses.dataclass(frozen=True)
