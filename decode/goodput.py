@@ -115,7 +115,7 @@ class Goodput(Checked):
   # What a call calibrated on its prompts starts from: "calibration", the acceptance counts of
   # calibration's longest drafting run on them (decode/calibrate.py), or "prior" (every position
   # at its prior: the first step drafts the longest length on the optimistic prior_acceptance,
-  # ~2% of a 48-token call at batch 8 for a drafter that does not pay there).
+  # 2-4% of a 48-token call at batch 8 for a drafter that does not pay there).
   start: Literal["calibration", "prior"] = "calibration"
 
   def __post_init__(self):
