@@ -30,6 +30,7 @@ from speculax.bench.methods import build_drafter
 from speculax.bench.report import table
 from speculax.bench.run import loader
 from speculax.core import overrides
+from speculax.decode import calibrate
 from speculax.decode.config import SpecConfig
 from speculax.decode.goodput import Goodput, forcing, step_costs
 from speculax.decode.speculative import speculative_generate
@@ -39,18 +40,26 @@ def replay(model, drafter, dparams, policy: Goodput, costs, groups: list[list[li
            new_tokens: int) -> dict[str, dict]:
   """{run: tok_per_s, steps [k + 1], tokens} for the policy and each fixed k of finite cost (0:
   plain decoding) under costs [k + 1] (seconds of a step drafting 0..k), decoding each group of
-  prompts greedily, EOS off."""
+  prompts greedily, EOS off; goodput from the estimate its calibration would leave
+  (Goodput.start)."""
   costs = step_costs(costs, len(costs) - 1)
   # A fixed k's run is forced (+inf elsewhere) and, like goodput's, timed by `costs` below.
   runs = {"goodput": costs, **{f"k={k}": forcing(k, len(costs))
                                for k in range(len(costs)) if np.isfinite(costs[k])}}
   spec = SpecConfig(k=len(costs) - 1, max_new_tokens=new_tokens, eos_ids=(), goodput=policy)
+  estimate = None  # the bench's goodput rows start where their calibration's last run ended:
+  if policy.start == "calibration":  # the longest length forced over the first group's opening
+    estimate = speculative_generate(
+        model.params, model.config, groups[0], drafter, spec, dparams,
+        step_costs=forcing(spec.k, len(costs)),
+        new_tokens=min(calibrate.NEW_TOKENS, new_tokens)).goodput_estimate
   out = {}
   for name, run_costs in runs.items():
     steps, tokens = np.zeros(len(costs), np.int64), 0
     for prompts in groups:
       r = speculative_generate(model.params, model.config, prompts, drafter, spec, dparams,
-                               step_costs=run_costs)
+                               step_costs=run_costs,
+                               estimate=estimate if name == "goodput" else None)
       steps += np.asarray(r.k_steps)
       tokens += sum(len(t) for t in r.tokens)
     seconds = float(sum(n * c for n, c in zip(steps, costs) if n))

@@ -6,7 +6,10 @@ import types
 import numpy as np
 import pytest
 
+from speculax.decode.calibrate import calibrate
+from speculax.decode.config import SpecConfig
 from speculax.decode.goodput import Goodput
+from speculax.decode.speculative import speculative_generate
 from speculax.drafters import heads_io
 from speculax.drafters.draft_model import DraftModel
 from speculax.drafters.medusa import Medusa
@@ -44,6 +47,23 @@ def test_replay_models_each_run_by_the_lengths_it_took(tiny):
   again = goodput_replay.replay(model, PromptLookup(max_ngram=3), None, Goodput(), costs, groups,
                                 new_tokens=12)
   assert again == runs
+
+
+def test_replay_starts_goodput_where_calibration_leaves_it(tiny):
+  """The replay's goodput run takes the steps of calls started from calibrate()'s own estimate
+  on the first group (the bench's path: Goodput.start), under the same costs."""
+  cfg, params = tiny
+  model = types.SimpleNamespace(params=params, config=cfg)
+  groups = [PROMPTS[:2], PROMPTS[2:4]]
+  spec = SpecConfig(k=3, max_new_tokens=30, eos_ids=(), goodput=Goodput())
+  runs = goodput_replay.replay(model, PromptLookup(max_ngram=3), None, Goodput(), COSTS, groups,
+                               new_tokens=30)
+  estimate = calibrate(params, cfg, groups[0], PromptLookup(max_ngram=3), spec,
+                       repeats=1).estimate
+  steps = sum(np.asarray(speculative_generate(params, cfg, g, PromptLookup(max_ngram=3), spec,
+                                              step_costs=COSTS, estimate=estimate).k_steps)
+              for g in groups)
+  assert runs["goodput"]["steps"] == steps.tolist()
 
 
 def test_a_bench_without_goodput_rows_names_its_methods():
