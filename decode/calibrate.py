@@ -27,9 +27,6 @@ from speculax.models.config import LlamaConfig
 from speculax.models.sharding import MeshConfig
 
 
-NEW_TOKENS = 24  # tokens of each timed run: a few steps of every length, well under a call
-
-
 class Calibration(NamedTuple):
   step_costs: np.ndarray  # [K + 1] float32 seconds of one loop step drafting 0..K
   # (kept, reached) [bins, K] float32 counts of the longest length's last run, for a call to
@@ -38,7 +35,7 @@ class Calibration(NamedTuple):
 
 
 def calibrate(params, config: LlamaConfig, prompts, drafter: Drafter, spec: SpecConfig,
-              drafter_params=None, new_tokens: int = NEW_TOKENS, key: jax.Array | None = None,
+              drafter_params=None, new_tokens: int = 24, key: jax.Array | None = None,
               repeats: int = 3, mesh: MeshConfig | None = None) -> Calibration:
   """The step costs: [spec.k + 1] seconds of one loop step drafting 0..spec.k, timed on
   `prompts` (a batch as it will be served) over min(new_tokens, spec.max_new_tokens) each, in

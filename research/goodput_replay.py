@@ -30,7 +30,7 @@ from speculax.bench.methods import build_drafter
 from speculax.bench.report import table
 from speculax.bench.run import loader
 from speculax.core import overrides
-from speculax.decode import calibrate
+from speculax.decode.calibrate import calibrate
 from speculax.decode.config import SpecConfig
 from speculax.decode.goodput import Goodput, forcing, step_costs
 from speculax.decode.speculative import speculative_generate
@@ -47,12 +47,10 @@ def replay(model, drafter, dparams, policy: Goodput, costs, groups: list[list[li
   runs = {"goodput": costs, **{f"k={k}": forcing(k, len(costs))
                                for k in range(len(costs)) if np.isfinite(costs[k])}}
   spec = SpecConfig(k=len(costs) - 1, max_new_tokens=new_tokens, eos_ids=(), goodput=policy)
-  estimate = None  # the bench's goodput rows start where their calibration's last run ended:
-  if policy.start == "calibration":  # the longest length forced over the first group's opening
-    estimate = speculative_generate(
-        model.params, model.config, groups[0], drafter, spec, dparams,
-        step_costs=forcing(spec.k, len(costs)),
-        new_tokens=min(calibrate.NEW_TOKENS, new_tokens)).goodput_estimate
+  # The bench's goodput rows start where their calibration on the first group left them (its
+  # times are not used: greedy, one round of runs leaves the same counts).
+  estimate = calibrate(model.params, model.config, groups[0], drafter, spec, dparams,
+                       repeats=1).estimate
   out = {}
   for name, run_costs in runs.items():
     steps, tokens = np.zeros(len(costs), np.int64), 0
